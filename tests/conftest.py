@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random HookedTransformers with the embedded model's architecture."""
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+
+def tiny_config(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> HookedTransformerConfig:
+    """A Llama-shaped config (RMS norm, rotary, gated SiLU MLP, grouped KV heads), small enough for unit tests."""
+    return HookedTransformerConfig(
+        n_layers=n_layers,
+        d_model=32,
+        d_head=8,
+        n_heads=4,
+        n_key_value_heads=2,
+        d_mlp=64,
+        d_vocab=d_vocab,
+        n_ctx=128,
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_dim=8,
+        gated_mlp=True,
+        final_rms=True,
+        seed=seed,
+        init_weights=True,
+        device="cpu",
+    )
+
+
+def make_tiny_model(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> HookedTransformer:
+    """A random model whose weights are scaled up so that interventions visibly change its outputs."""
+    torch.manual_seed(seed)
+    model = HookedTransformer(tiny_config(n_layers, d_vocab, seed))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("W_in", "W_out", "W_gate", "W_Q", "W_K", "W_V", "W_O")):
+                p.mul_(4.0)
+    model.eval()
+    return model
+
+
+@pytest.fixture
+def tiny_model() -> HookedTransformer:
+    return make_tiny_model()
