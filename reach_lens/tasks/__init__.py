@@ -1,0 +1,49 @@
+"""Tasks by name, and deterministic subsampling of their questions.
+
+    task = get_task("arc_easy")
+    questions = subsample(task.load(), n=40, seed=0)   # the embedded validation split
+    graded = task.grade(questions[0], " B.")            # Graded(answer="B", correct=...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+from reach_lens.tasks.arc import ARCTask
+from reach_lens.tasks.base import Graded, Question, Task
+from reach_lens.tasks.dart import DartMathTask
+from reach_lens.tasks.gsm8k import GSM8KTask
+from reach_lens.tasks.logiqa import LogiQATask
+from reach_lens.tasks.piqa import PIQATask
+
+_FACTORIES: dict[str, Callable[[], Task]] = {
+    "arc_easy": lambda: ARCTask("arc_easy", "ARC-Easy"),
+    "arc_challenge": lambda: ARCTask("arc_challenge", "ARC-Challenge"),
+    "gsm8k": GSM8KTask,
+    "piqa": PIQATask,
+    "logiqa": LogiQATask,
+    "dart": DartMathTask,
+}
+TASK_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+
+
+def get_task(name: str) -> Task:
+    """A fresh task object by name (one of ``TASK_NAMES``)."""
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASK_NAMES)}")
+    return _FACTORIES[name]()
+
+
+def subsample(questions: Sequence[Question], n: int | None, seed: int) -> list[Question]:
+    """``n`` questions chosen by ``sha256(seed, id)`` rank: the same ids whatever the input order.
+
+    The result is in rank order. ``n=None`` returns all questions (in rank order too).
+    """
+    if n is not None and not 0 <= n <= len(questions):
+        raise ValueError(f"cannot subsample n={n} of {len(questions)} questions (valid: 0..{len(questions)})")
+    ranked = sorted(questions, key=lambda q: (hashlib.sha256(f"{seed}:{q.id}".encode()).hexdigest(), q.id))
+    return ranked if n is None else ranked[:n]
+
+
+__all__ = ["TASK_NAMES", "Graded", "Question", "Task", "get_task", "subsample"]

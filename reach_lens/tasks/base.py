@@ -1,0 +1,200 @@
+"""Shared types of every task: ``Question``, ``Graded`` and the ``Task`` interface with its loading logic.
+
+A task loads questions from one source (a local file or directory in the dataset's original layout, a
+saved ``datasets`` directory, a Hugging Face hub name, or the task's embedded default), renders prompts
+in two formats, and grades completions:
+
+- ``native``: the model's own chat template around an instruction;
+- ``shared``: one plain base-model prompt, identical for every checkpoint.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from reach_lens.tasks import sources
+from reach_lens.tasks.sources import Row
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question. ``gold`` is an option letter (MC), a normalized number (numeric) or a reference answer (math)."""
+
+    id: str
+    question: str
+    gold: str
+    options: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+
+    @property
+    def gold_index(self) -> int:
+        """Position of the gold option in ``options`` (multiple-choice questions only)."""
+        if not self.labels:
+            raise ValueError(f"question {self.id!r} has no options: gold_index is for multiple-choice questions")
+        return self.labels.index(self.gold)
+
+
+@dataclass(frozen=True)
+class Graded:
+    """A graded completion: ``answer`` is the extracted, normalized answer, or None if none could be extracted."""
+
+    answer: str | None
+    correct: bool
+
+    @property
+    def format_ok(self) -> bool:
+        return self.answer is not None
+
+
+class MalformedRow(ValueError):
+    """A record that cannot become a ``Question``; the loader prefixes the file and line."""
+
+
+class Task(ABC):
+    """A benchmark: loading, prompt formats, generation limits and grading.
+
+    Subclasses set ``name``, ``kind``, ``default_split`` (used when no split is given and none can be
+    read from a file name), ``hf_config`` (the hub config used when a hub source names none), and
+    implement the methods below. After ``load``, ``last_skipped`` holds the number of malformed rows
+    skipped (``skip_malformed=True``; a warning also reports them).
+    """
+
+    name: str
+    kind: Literal["mc", "numeric", "math"]
+    formats: tuple[str, ...] = ("native", "shared")
+    default_split: str = "test"
+    hf_config: str | None = None
+
+    def __init__(self) -> None:
+        self.last_skipped = 0
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def load(
+        self, source: str | Path | None = None, split: str | None = None, *, skip_malformed: bool = False
+    ) -> list[Question]:
+        """Questions of ``source`` (see the module docstring); ``split`` is ``"test"``, ``"validation"``, ... .
+
+        A malformed row raises ``ValueError`` naming its file and line, or, with ``skip_malformed``, is
+        skipped and counted in ``last_skipped``.
+        """
+        split = sources.canonical_split(split) if split is not None else None
+        if source is None:
+            split = split or self.default_split
+            rows = self.default_rows(split)
+        else:
+            kind, value = sources.locate(source)
+            if kind == "hub":
+                name, _, config = str(value).partition(":")
+                split = split or self.default_split
+                rows = sources.hub_rows(name, config or self.hf_config, split)
+            elif kind == "saved":
+                split = split or sources.split_from_name(Path(value).name) or self.default_split
+                rows = sources.saved_rows(Path(value), split)
+            elif kind == "dir":
+                split = split or self.default_split
+                path = self.file_in_dir(Path(value), split)
+                rows = self.file_rows(path)
+            else:
+                path = Path(value)
+                split = split or sources.split_from_name(path.name) or self.default_split
+                rows = self.file_rows(path)
+        return self._parse_all(rows, split, skip_malformed, str(source))
+
+    def _parse_all(self, rows: Iterable[Row], split: str, skip_malformed: bool, source: str) -> list[Question]:
+        questions: list[Question] = []
+        where_of: dict[str, str] = {}
+        skipped: list[str] = []
+        for row in rows:
+            try:
+                if row.error is not None:
+                    raise MalformedRow(row.error)
+                q = self.parse(row.data, split, row.index)
+            except MalformedRow as err:
+                message = f"{row.where}: {err}"
+                if not skip_malformed:
+                    raise ValueError(message) from None
+                skipped.append(message)
+                continue
+            if q.id in where_of:
+                raise ValueError(f"{row.where}: duplicate question id {q.id!r} (first seen at {where_of[q.id]})")
+            where_of[q.id] = row.where
+            questions.append(q)
+        self.last_skipped = len(skipped)
+        if skipped:
+            warnings.warn(
+                f"{self.name}: skipped {len(skipped)} malformed row(s) of {source}; first: {skipped[0]}",
+                stacklevel=3,
+            )
+        return questions
+
+    def default_rows(self, split: str) -> Iterator[Row]:
+        """Rows of the embedded default data; tasks without one raise."""
+        raise ValueError(
+            f"task {self.name!r} has no embedded default data: pass a source (a local file in the original "
+            "layout, a saved `datasets` directory, or a Hugging Face dataset name)"
+        )
+
+    @abstractmethod
+    def file_in_dir(self, directory: Path, split: str) -> Path:
+        """The file of ``split`` inside a directory in the dataset's original layout."""
+
+    @abstractmethod
+    def file_rows(self, path: Path) -> Iterator[Row]:
+        """Rows of a local file in the dataset's original layout."""
+
+    @abstractmethod
+    def parse(self, data: Any, split: str, index: int) -> Question:
+        """One record (original layout or hub) -> ``Question``; ``index`` is its 1-based position.
+
+        Raises ``MalformedRow`` with the reason (the loader adds file and line)."""
+
+    # ---- prompts, generation, grading -----------------------------------------------------------
+
+    @abstractmethod
+    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
+        """The prompt text for ``q`` in format ``fmt`` (``tokenizer`` is only used by ``native``)."""
+
+    @abstractmethod
+    def max_new_tokens(self, fmt: str) -> int:
+        """Generation budget for format ``fmt``."""
+
+    @abstractmethod
+    def stop_strings(self, fmt: str) -> tuple[str, ...]:
+        """Strings that end a completion (EOS is handled by the sampler)."""
+
+    @abstractmethod
+    def grade(self, q: Question, completion: str) -> Graded:
+        """Extract the answer of ``completion`` and compare it with ``q.gold``."""
+
+    def recognition_items(self, q: Question) -> tuple[str, list[str]]:
+        """(context, continuations) for multiple-choice likelihood scoring; multiple-choice tasks only."""
+        raise ValueError(f"task {self.name!r} is not multiple-choice: it has no recognition items")
+
+    def check_format(self, fmt: str) -> None:
+        if fmt not in self.formats:
+            raise ValueError(f"unknown prompt format {fmt!r} for task {self.name!r}; valid: {list(self.formats)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def chat_prompt(tokenizer: Any, content: str) -> str:
+    """``content`` as one user turn in the tokenizer's chat template, ready for the assistant's reply."""
+    if tokenizer is None or getattr(tokenizer, "chat_template", "") is None:
+        raise ValueError("the tokenizer has no chat template, so fmt='native' is unavailable: use fmt='shared'")
+    try:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    except ValueError as err:
+        if "chat_template" in str(err) or "chat template" in str(err):
+            raise ValueError(
+                "the tokenizer has no chat template, so fmt='native' is unavailable: use fmt='shared'"
+            ) from err
+        raise

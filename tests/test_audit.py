@@ -1,0 +1,215 @@
+import itertools
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reach_lens.audit import (REACHABILITY_FATES, REALIZATION_FATES, bootstrap_ci, breakage_rate, fate_counts, fates,
+                              make_record, pass_at_k, reach_curve, realization_by_hit_rate_bin, repair_rate,
+                              summarize, wilson_interval)
+
+
+def cand(answer, correct=False, lp=-1.0, length=10, **extra):
+    return {"text": f"so {answer}", "answer": answer, "correct": correct, "mean_logprob": lp, "length": length, **extra}
+
+
+def deployed(answer, correct):
+    return {"text": f"the answer is {answer}", "answer": answer, "correct": correct}
+
+
+# ---- intervals and pass@k
+
+
+def test_wilson_known_values():
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    with pytest.raises(ValueError, match="out of range"):
+        wilson_interval(11, 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_matches_enumeration(nck):
+    n, c, k = nck
+    subsets = list(itertools.combinations(range(n), k))  # candidates 0..c-1 are the correct ones
+    brute = Fraction(sum(any(i < c for i in s) for s in subsets), len(subsets))
+    assert pass_at_k(n, c, k) == pytest.approx(float(brute), abs=1e-12)
+    assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+
+
+def test_pass_at_k_range_errors_and_large_n():
+    with pytest.raises(ValueError, match=r"k=0 out of range 1..5"):
+        pass_at_k(5, 1, 0)
+    with pytest.raises(ValueError, match=r"c=6 out of range 0..5"):
+        pass_at_k(5, 6, 1)
+    # K=200 is fine as a product where the binomials would be astronomically large
+    assert pass_at_k(200, 1, 1) == pytest.approx(1 / 200)
+    assert pass_at_k(200, 1, 100) == pytest.approx(0.5)
+
+
+def test_bootstrap_ci_properties():
+    assert bootstrap_ci([0.3] * 20) == pytest.approx((0.3, 0.3))
+    x = np.random.default_rng(1).normal(size=200)
+    lo, hi = bootstrap_ci(x, seed=3)
+    assert lo < x.mean() < hi and hi - lo < 0.5
+    assert bootstrap_ci(x, seed=3) == (lo, hi)
+    lo_med, hi_med = bootstrap_ci(x, stat=np.median)
+    assert lo_med < np.median(x) < hi_med
+    with pytest.raises(ValueError, match="non-empty"):
+        bootstrap_ci([])
+
+
+# ---- records
+
+
+def test_make_record_derives_fields():
+    r = make_record(17, "5", deployed("4", False), [
+        cand("5", True, lp=-0.2), cand(None), cand("4"), cand("4"), cand("5", True), cand(None), cand("4"),
+        cand("5", True, entropy=0.3),
+    ])
+    assert r["question_id"] == "17"
+    assert (r["d"], r["K"], r["hits"], r["o"], r["format_failures"]) == (False, 8, 3, True, 2)
+    # "4" and "5" tie with 3 votes; "5" has summed seq log-prob -2 - 10 - 10 > -30 of "4"
+    assert r["vote_answer"] == "5" and r["vote_correct"] is True
+    assert r["candidates"][7]["entropy"] == 0.3  # optional channels carried through
+
+
+def test_make_record_vote_none_when_every_candidate_fails():
+    r = make_record("q", "5", deployed(None, False), [cand(None), cand(None)])
+    assert r["vote_answer"] is None and r["vote_correct"] is False and r["format_failures"] == 2 and not r["o"]
+
+
+def test_make_record_rejects_inconsistent_input():
+    with pytest.raises(ValueError, match="cannot be graded correct"):
+        make_record("q", "5", deployed("5", True), [cand(None, True)])
+    with pytest.raises(ValueError, match=r"candidate 0 lacks keys \['length'\]"):
+        make_record("q", "5", deployed("5", True), [{"text": "", "answer": "5", "correct": True, "mean_logprob": 0}])
+    with pytest.raises(ValueError, match="at least one candidate"):
+        make_record("q", "5", deployed("5", True), [])
+    with pytest.raises(TypeError, match="must be str or None"):
+        make_record("q", "5", deployed("5", True), [cand(5)])
+
+
+def _table(spec, K=4):
+    """spec: list of (qid, d, hits); candidate answers are "g" for correct, "w" otherwise."""
+    return pd.DataFrame([make_record(q, "g", deployed("g" if d else "w", d),
+                                     [cand("g", True) for _ in range(h)] + [cand("w") for _ in range(K - h)])
+                         for q, d, h in spec])
+
+
+def test_reach_curve_endpoints_and_band():
+    recs = _table([("a", 0, 0), ("b", 1, 4), ("c", 0, 1), ("d", 1, 2), ("e", 0, 3)], K=4)
+    c = reach_curve(recs, n_boot=500, seed=1)
+    assert list(c["k"]) == [1, 2, 3, 4] and set(c["n"]) == {5} and set(c["K"]) == {4}
+    assert c["reach"].iloc[0] == pytest.approx(np.mean([0, 1, 0.25, 0.5, 0.75]))  # reach@1 = mean hit rate
+    assert c["reach"].iloc[-1] == pytest.approx(recs["o"].mean())  # reach@K = O_K
+    assert np.all(np.diff(c["reach"]) >= 0)
+    assert np.all(c["lo"] <= c["reach"]) and np.all(c["reach"] <= c["hi"])
+    pd.testing.assert_frame_equal(c, reach_curve(recs, n_boot=500, seed=1))
+    assert list(reach_curve(recs, ks=[4, 2, 2], n_boot=10)["k"]) == [2, 4]
+    with pytest.raises(ValueError, match=r"ks \[5\] out of range 1..4"):
+        reach_curve(recs, ks=[1, 5])
+
+
+def test_summarize_values_and_intervals():
+    recs = _table([("a", 0, 0), ("b", 1, 4), ("c", 0, 1), ("d", 1, 2), ("e", 0, 3), ("f", 0, 0)], K=4)
+    s = summarize(recs, n_boot=500)
+    assert (s["n"], s["K"]) == (6, 4)
+    assert s["D"] == pytest.approx(2 / 6) and s["O"] == pytest.approx(4 / 6)
+    # votes: b (4 g) right, d (2-2 tie, equal log-probs -> first = "g") right, e (3 g) right
+    assert s["vote"] == pytest.approx(3 / 6)
+    assert s["gap"] == pytest.approx(2 / 6) and s["selection_gap"] == pytest.approx(1 / 6)
+    assert (s["D_lo"], s["D_hi"]) == pytest.approx(wilson_interval(2, 6))
+    for m in ("D", "vote", "O", "gap", "selection_gap", "format_failure_rate"):
+        assert s[f"{m}_lo"] <= s[m] <= s[f"{m}_hi"], m
+    assert s["format_failure_rate"] == 0.0 and s["deployed_format_failure_rate"] == 0.0
+    with pytest.raises(ValueError, match=r"mix candidate budgets K=\[2, 4\]"):
+        summarize(pd.concat([recs, _table([("z", 0, 1)], K=2)]))
+
+
+# ---- fates
+
+
+def test_fates_classifies_every_case():
+    # qid: (d, hits) in base, (d, hits) in trained, expected realization, expected reachability; K = 4
+    cases = {
+        "nr_reach": ((0, 2), (1, 3), "newly_realized_from_reachable", "stable_reachable"),
+        "nr_unreach": ((0, 0), (1, 1), "newly_realized_from_unreachable", "entered_reachable"),
+        "nr_unreach_o0": ((0, 0), (1, 0), "newly_realized_from_unreachable", "stable_unreachable"),
+        "lost": ((1, 3), (0, 0), "lost", "left_reachable"),
+        "stable_r": ((1, 4), (1, 4), "stable_realized", "stable_reachable"),
+        "stable_u": ((0, 0), (0, 0), "stable_unrealized", "stable_unreachable"),
+        "entered": ((0, 0), (0, 2), "stable_unrealized", "entered_reachable"),
+        "left": ((0, 1), (0, 0), "stable_unrealized", "left_reachable"),
+    }
+    base = _table([(q, b[0], b[1]) for q, (b, _, _, _) in cases.items()] + [("only_b", 0, 0)])
+    trained = _table([("only_t", 1, 1)] + [(q, t[0], t[1]) for q, (_, t, _, _) in reversed(cases.items())])
+    with pytest.warns(UserWarning, match="1 ids only in base"):
+        f = fates(base, trained)
+    assert f.attrs["only_base"] == ["only_b"] and f.attrs["only_trained"] == ["only_t"]
+    assert list(f["question_id"]) == list(cases)  # base order
+    got = f.set_index("question_id")
+    for q, (_, _, real, reach) in cases.items():
+        assert (got.loc[q, "realization"], got.loc[q, "reachability"]) == (real, reach), q
+    counts = fate_counts(f).set_index(["axis", "fate"])
+    assert len(counts) == len(REALIZATION_FATES) + len(REACHABILITY_FATES)
+    assert counts.loc[("realization", "newly_realized_from_unreachable"), "count"] == 2
+    assert counts.loc[("reachability", "left_reachable"), "count"] == 2
+    assert counts.loc[("realization", "lost"), "share"] == pytest.approx(1 / 8)
+    assert counts.groupby(level="axis")["count"].sum().tolist() == [8, 8]
+
+
+def test_fates_rejects_different_questions_and_duplicates():
+    base = _table([("a", 0, 0), ("b", 1, 1)])
+    other_gold = base.copy()
+    other_gold.loc[1, "gold"] = "h"
+    with pytest.raises(ValueError, match=r"gold answers differ .*\['b'\]"):
+        fates(base, other_gold)
+    with pytest.raises(ValueError, match=r"trained has duplicate question_ids \['a'\]"):
+        fates(base, pd.concat([base, base.iloc[:1]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fates(base, base)  # identical id sets: no warning
+
+
+def test_realization_by_hit_rate_bin():
+    base = _table([("u1", 0, 0), ("u2", 0, 0), ("u3", 0, 0), ("m1", 0, 1), ("m2", 1, 2), ("h1", 1, 4), ("h2", 0, 4)])
+    trained = _table([("u1", 1, 1), ("u2", 0, 0), ("u3", 0, 0), ("m1", 1, 4), ("m2", 0, 1), ("h1", 1, 4),
+                      ("h2", 1, 4)])
+    t = realization_by_hit_rate_bin(base, trained, bins=[0, 1e-9, 0.5, 1.0])
+    assert t["n"].tolist() == [3, 1, 3]  # [0,1e-9): u*, [1e-9,0.5): m1 (0.25), [0.5,1]: m2 (0.5), h1, h2
+    assert t["realized"].tolist() == [1, 1, 2]
+    assert t["base_realized"].tolist() == [0, 0, 2]
+    assert t["realization"].iloc[0] == pytest.approx(1 / 3)
+    assert (t["realization_lo"].iloc[0], t["realization_hi"].iloc[0]) == pytest.approx(wilson_interval(1, 3))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 0.5, 1])
+    with pytest.raises(ValueError, match="from <= 0 to >= 1"):
+        realization_by_hit_rate_bin(base, trained, bins=[0.1, 1])
+
+
+# ---- MLP-study arithmetic
+
+
+def test_repair_and_breakage_rates():
+    r = repair_rate([False] * 8, [True, True, True, False, True, True, False, True])
+    assert (r.k, r.n, r.rate) == (6, 8, 0.75)
+    assert (r.lo, r.hi) == pytest.approx(wilson_interval(6, 8))
+    assert r.to_dict("repair") == {"repair": 0.75, "repair_lo": r.lo, "repair_hi": r.hi, "repair_n": 8, "repair_k": 6}
+    b = breakage_rate([True] * 5, [True, False, True, True, True])
+    assert (b.k, b.n, b.rate) == (1, 5, 0.2)
+    with pytest.raises(ValueError, match="1 of 3 were correct before"):
+        repair_rate([False, True, False], [True, True, True])
+    with pytest.raises(ValueError, match="1 of 2 were wrong before"):
+        breakage_rate([True, False], [True, True])
+    with pytest.raises(ValueError, match="one length"):
+        repair_rate([False], [True, False])
+    assert math.isnan(repair_rate([], []).rate)

