@@ -1,0 +1,429 @@
+"""Hook factories and serializable interventions for a `HookedTransformer`.
+
+A hook is `fn(act, hook) -> act`. Every factory returns `list[tuple[str, HookFn]]`, so composing
+interventions is list concatenation and the result goes straight into
+`with model.hooks(fwd_hooks=...)` (which removes every hook on exit, also when the forward raises).
+Parameters are bound by closure, never read back from `hook.name`.
+
+Hook points used (layer l): `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out` (what attention
+and MLP add to the residual stream), `blocks.{l}.hook_resid_pre/post`, `blocks.{l}.mlp.hook_post`
+(MLP hidden units, [batch, pos, d_mlp]) and `blocks.{l}.attn.hook_attn_scores` (position probe).
+"""
+import math
+import operator
+import random
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar, Iterable, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.hook_points import HookPoint
+
+HookFn = Callable[..., Tensor]
+Hooks = list[tuple[str, HookFn]]
+
+COMPONENT_HOOKS = {"attn": ("hook_attn_out",), "mlp": ("hook_mlp_out",), "layer": ("hook_attn_out", "hook_mlp_out")}
+STEER_HOOKS = ("mlp_out", "attn_out", "resid_pre", "resid_post")
+SILENCE_MODES = ("zero", "mean")
+UNIT_MODES = ("keep", "zero", "scale")
+
+
+def check_layer(layer: int, n_layers: int) -> None:
+    """Raise ValueError unless 0 <= layer < n_layers."""
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model (0..{n_layers - 1})")
+
+
+def _choice(name: str, value: str, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(map(repr, valid))}")
+
+
+# ---------------------------------------------------------------- positions under a KV cache
+
+
+class PositionTracker:
+    """Which absolute positions the hooks of block `layer` see, with or without a KV cache.
+
+    Under a KV cache a decode step shows hooks only `[batch, 1, ...]`. The block's own attention
+    scores, `[batch, head, query_pos, key_pos]`, tell where those positions are: `key_pos - query_pos`
+    is the number of cached positions, i.e. the absolute position of the first query. `probe` reads it
+    on every call of the block, so the block's later hooks (`hook_attn_out`, `mlp.hook_post`,
+    `hook_mlp_out`, `hook_resid_post`) know their positions exactly: in a plain forward, under
+    TransformerLens's cache (`generate` included), with `start_at_layer`, and in `run_path` (a repeated
+    block is probed at each call). Positions are columns of the token tensor (left padding included).
+
+    A forward without cache (`key_pos == query_pos`) is a prompt: its length is the `prompt_len`
+    against which negative positions count (-1 = last prompt position), also in later decode steps.
+    In an uncached generation loop every forward is a fresh prompt, so use positions >= 0 there.
+
+    `hook_resid_pre` fires before the block's attention, so `predict` guesses: a call of more than one
+    position starts at 0 (a prompt), a one-position call continues the previous one (a decode step).
+    The probe then checks the guess; if it was wrong and changed which positions were touched, the
+    forward raises RuntimeError (e.g. chunked prefill into a cache, a repeated block decoding, or a
+    one-token prompt after earlier forwards under the same hooks).
+    """
+
+    def __init__(self, layer: int):
+        self.layer = layer
+        self.start: Optional[int] = None
+        self.n = 0
+        self.prompt_len: Optional[int] = None
+        self._check: Optional[tuple[tuple[int, ...], list[int]]] = None
+
+    def probe(self) -> tuple[str, HookFn]:
+        """The hook that reads the cache offset from this block's attention scores."""
+
+        def observe(scores: Tensor, hook: HookPoint) -> Tensor:
+            self.n, self.start = scores.shape[-2], scores.shape[-1] - scores.shape[-2]
+            if self.start == 0:
+                self.prompt_len = self.n
+            if self._check is not None:
+                positions, guessed = self._check
+                self._check = None
+                actual = self.local(positions)
+                if actual != guessed:
+                    raise RuntimeError(
+                        f"hook_resid_pre of layer {self.layer} guessed local positions {guessed} for "
+                        f"{positions}, but the block sees absolute positions {self.start}..{self.start + self.n - 1} "
+                        f"(local {actual}); steer at hook_mlp_out/attn_out/resid_post instead"
+                    )
+            return scores
+
+        return f"blocks.{self.layer}.attn.hook_attn_scores", observe
+
+    def local(self, positions: Sequence[int], start: Optional[int] = None, n: Optional[int] = None,
+              prompt_len: Optional[int] = None) -> list[int]:
+        """Indices along the pos axis of the current call that hold the given absolute positions."""
+        start = self.start if start is None else start
+        n = self.n if n is None else n
+        prompt_len = self.prompt_len if prompt_len is None else prompt_len
+        if start is None:
+            raise RuntimeError(f"position probe of layer {self.layer} has not fired: keep its hook in the list")
+        out = set()
+        for p in positions:
+            if p < 0:
+                if prompt_len is None:
+                    raise RuntimeError(f"negative position {p} counts from the end of the prompt, "
+                                       "but no forward without KV cache ran under these hooks")
+                if prompt_len + p < 0:
+                    raise ValueError(f"position {p} is before the start of a {prompt_len}-position prompt")
+                p = prompt_len + p
+            if start <= p < start + n:
+                out.add(p - start)
+        return sorted(out)
+
+    def predict(self, positions: Sequence[int], n: int) -> list[int]:
+        """Local indices for a hook that fires before the attention probe; checked by the probe."""
+        start = 0 if n > 1 or self.start is None else self.start + self.n
+        guessed = self.local(positions, start, n, n if start == 0 else None)
+        self._check = (tuple(positions), guessed)
+        return guessed
+
+
+def _add_at(act: Tensor, idx: list[int], delta: Tensor) -> Tensor:
+    if not idx:
+        return act
+    mask = torch.zeros(act.shape[1], 1, dtype=act.dtype, device=act.device)
+    mask[idx] = 1.0
+    return act + mask * delta
+
+
+# ---------------------------------------------------------------- hook factories
+
+
+def silence_hooks(
+    model: HookedTransformer,
+    layer: int,
+    component: str = "mlp",
+    mode: str = "zero",
+    mean: Union[Float[Tensor, "d_model"], Float[Tensor, "pos d_model"], None] = None,
+) -> Hooks:
+    """Replace what the MLP, the attention or both ("layer") of `layer` add to the residual stream.
+
+    mode "zero": by zeros. mode "mean": by `mean`, one [d_model] vector for every position, or
+    [pos, d_model] indexed by absolute position (exact under a KV cache, via a PositionTracker).
+    Zeroing both outputs of a layer is skipping it. Mean mode needs one component ("attn" or "mlp").
+    """
+    check_layer(layer, model.cfg.n_layers)
+    _choice("component", component, tuple(COMPONENT_HOOKS))
+    _choice("mode", mode, SILENCE_MODES)
+    names = [f"blocks.{layer}.{h}" for h in COMPONENT_HOOKS[component]]
+    if mode == "zero":
+        if mean is not None:
+            raise ValueError("mode 'zero' takes no mean; use mode='mean'")
+        return [(name, lambda act, hook: torch.zeros_like(act)) for name in names]
+    if mean is None or component == "layer":
+        raise ValueError(f"mode 'mean' needs a mean and one component ('attn' or 'mlp'), got {component!r}")
+    if mean.ndim not in (1, 2) or mean.shape[-1] != model.cfg.d_model:
+        raise ValueError(f"mean of shape {tuple(mean.shape)}; expected [d_model] or [pos, d_model], d_model={model.cfg.d_model}")
+    if mean.ndim == 1:
+        return [(names[0], lambda act, hook: mean.to(act).expand_as(act).clone())]
+    tracker = PositionTracker(layer)
+
+    def replace(act: Tensor, hook: HookPoint) -> Tensor:
+        end = tracker.start + act.shape[1]
+        if end > mean.shape[0]:
+            raise ValueError(f"mean covers {mean.shape[0]} positions; the forward reaches position {end - 1}")
+        return mean[tracker.start:end].to(act).expand_as(act).clone()
+
+    return [tracker.probe(), (names[0], replace)]
+
+
+def steer_hooks(
+    model: HookedTransformer,
+    layer: int,
+    v: Float[Tensor, "d_model"],
+    alpha: float,
+    hook: str = "mlp_out",
+    positions: Optional[Sequence[int]] = None,
+) -> Hooks:
+    """Add `alpha * v` at `blocks.{layer}.hook_{hook}`, at every position or at absolute `positions`.
+
+    Negative positions count from the end of the prompt. Exact under a KV cache (see PositionTracker).
+    """
+    check_layer(layer, model.cfg.n_layers)
+    _choice("hook", hook, STEER_HOOKS)
+    if v.shape != (model.cfg.d_model,):
+        raise ValueError(f"steering vector of shape {tuple(v.shape)}; expected ({model.cfg.d_model},)")
+    name = f"blocks.{layer}.hook_{hook}"
+    delta = alpha * v
+    if positions is None:
+        return [(name, lambda act, hook: act + delta.to(act))]
+    if len(positions) == 0:
+        raise ValueError("positions is empty; pass None to steer every position")
+    tracker = PositionTracker(layer)
+    positions = tuple(positions)
+    before_attention = hook == "resid_pre"
+
+    def add(act: Tensor, hook: HookPoint) -> Tensor:
+        idx = tracker.predict(positions, act.shape[1]) if before_attention else tracker.local(positions)
+        return _add_at(act, idx, delta.to(act))
+
+    return [tracker.probe(), (name, add)]
+
+
+def unit_hooks(model: HookedTransformer, layer: int, units: Sequence[int], mode: str = "keep",
+               scale: float = 0.0) -> Hooks:
+    """At `blocks.{layer}.mlp.hook_post`: keep only `units` (zero the rest), zero them, or scale them."""
+    check_layer(layer, model.cfg.n_layers)
+    _choice("mode", mode, UNIT_MODES)
+    d_mlp = model.cfg.d_mlp
+    bad = [u for u in units if not 0 <= u < d_mlp]
+    if bad:
+        raise ValueError(f"unit {bad[0]} out of range for d_mlp={d_mlp} (0..{d_mlp - 1})")
+    idx = list(units)
+    factor = torch.zeros(d_mlp) if mode == "keep" else torch.ones(d_mlp)
+    factor[idx] = {"keep": 1.0, "zero": 0.0, "scale": scale}[mode]
+    return [(f"blocks.{layer}.mlp.hook_post", lambda act, hook: act * factor.to(act))]
+
+
+# ---------------------------------------------------------------- unit selection
+
+
+def top_units_along(model: HookedTransformer, layer: int, v: Float[Tensor, "d_model"], k: int = 32) -> list[int]:
+    """The k MLP units of `layer` whose output weights point most along v: `W_out[u] · v/|v|`, descending.
+
+    Signed, not absolute: a unit with a positive activation then writes +v into the residual stream,
+    which is what "units that push along v" means for the steering study (the reverse direction is
+    `top_units_along(model, layer, -v)`). The ranking reads weights only; gated-SiLU activations can be
+    negative, so which units actually push along v on given inputs also depends on their activations.
+    """
+    check_layer(layer, model.cfg.n_layers)
+    W_out = model.blocks[layer].mlp.W_out
+    if v.shape != (W_out.shape[1],) or not v.any() or not 0 < k <= W_out.shape[0]:
+        raise ValueError(f"v of shape {tuple(v.shape)} (norm {float(v.norm()):.3g}) and k={k}; "
+                         f"expected a non-zero ({W_out.shape[1]},) vector and k in 1..{W_out.shape[0]}")
+    scores = W_out.detach() @ (v.to(W_out) / v.norm())
+    return torch.argsort(scores, descending=True, stable=True)[:k].tolist()
+
+
+def random_units(d_mlp: int, k: int, seed: int, exclude: Iterable[int] = ()) -> list[int]:
+    """k distinct units of 0..d_mlp-1 not in `exclude`, drawn with `random.Random(seed)`; sorted."""
+    exclude = set(exclude)
+    pool = sorted(set(range(d_mlp)) - exclude)
+    if not 0 <= k <= len(pool):
+        raise ValueError(f"k={k} out of range: {len(pool)} units left after excluding {len(exclude)}")
+    return sorted(random.Random(seed).sample(pool, k))
+
+
+def unit_output_mass(post_acts: Float[Tensor, "*batch d_mlp"], W_out: Float[Tensor, "d_mlp d_model"],
+                     units: Iterable[int]) -> float:
+    """Share of the MLP's output mass carried by `units`, in [0, 1].
+
+    Unit u writes `a_u · W_out[u]` into the residual stream; its mass is that vector's norm,
+    `|a_u| · |W_out[u]|`, summed over all leading (batch, position) entries. The share is the
+    units' mass over all units' mass, so shares of disjoint unit sets add up.
+    """
+    mass = (post_acts.detach().abs() * W_out.detach().norm(dim=-1)).reshape(-1, W_out.shape[0]).sum(0)
+    return float(mass[sorted(set(units))].sum() / mass.sum())
+
+
+# ---------------------------------------------------------------- routes (validation)
+
+
+def validate_route(path: Sequence[int], n_layers: int, max_len: Optional[int] = None) -> tuple[int, ...]:
+    """Check a route (layer indices, run in order) and return it as a tuple; max_len defaults to 2·n_layers."""
+    max_len = 2 * n_layers if max_len is None else max_len
+    try:
+        path = tuple(operator.index(layer) for layer in path)
+    except TypeError:
+        raise ValueError(f"route {list(path)} has a layer that is not an integer") from None
+    if not path:
+        raise ValueError("route is empty; it needs at least one layer")
+    for layer in path:
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"route {list(path)} has layer {layer!r}, out of range for a "
+                             f"{n_layers}-layer model (0..{n_layers - 1})")
+    if len(path) > max_len:
+        raise ValueError(f"route of length {len(path)} exceeds max_len {max_len}: {list(path)}")
+    return path
+
+
+def is_skip_only(path: Sequence[int]) -> bool:
+    """True if the route only deletes layers (strictly increasing), so a skip mask can run it."""
+    return all(a < b for a, b in zip(path, path[1:]))
+
+
+# ---------------------------------------------------------------- serializable interventions
+
+
+def _floats(x: Iterable[float]) -> tuple[float, ...]:
+    out = tuple(float(e) for e in x)
+    if not all(math.isfinite(e) for e in out):
+        raise ValueError(f"non-finite value in {out}")
+    return out
+
+
+def _jsonable(x):
+    return [_jsonable(e) for e in x] if isinstance(x, tuple) else x
+
+
+def _tupled(x):
+    return tuple(_tupled(e) for e in x) if isinstance(x, list) else x
+
+
+class _Intervention:
+    """to_dict (JSON-able: tuples become lists) and from_dict for the frozen dataclasses below.
+
+    Vectors are stored as tuples of floats, so that a result file says exactly what was done;
+    build them from a tensor with `tuple(t.tolist())` ([pos, d_model]: `tuple(map(tuple, t.tolist()))`).
+    """
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **{f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if d.get("kind") != cls.kind:
+            raise ValueError(f"kind {d.get('kind')!r} is not {cls.kind!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names - {"kind"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)} for {cls.kind}; valid: {sorted(names)}")
+        return cls(**{k: _tupled(v) for k, v in d.items() if k != "kind"})
+
+
+@dataclass(frozen=True)
+class Silence(_Intervention):
+    """Silence the "mlp", "attn" or whole "layer" output of `layer` (see silence_hooks)."""
+
+    component: str
+    layer: int
+    mode: str = "zero"
+    mean: Union[tuple[float, ...], tuple[tuple[float, ...], ...], None] = None
+    kind: ClassVar[str] = "silence"
+
+    def __post_init__(self):
+        _choice("component", self.component, tuple(COMPONENT_HOOKS))
+        _choice("mode", self.mode, SILENCE_MODES)
+        if self.mean is not None:
+            nested = len(self.mean) > 0 and isinstance(self.mean[0], (tuple, list))
+            object.__setattr__(self, "mean", tuple(map(_floats, self.mean)) if nested else _floats(self.mean))
+
+    def hooks(self, model: HookedTransformer) -> Hooks:
+        mean = None if self.mean is None else torch.tensor(self.mean, dtype=model.cfg.dtype, device=model.cfg.device)
+        return silence_hooks(model, self.layer, self.component, self.mode, mean)
+
+
+@dataclass(frozen=True)
+class Steer(_Intervention):
+    """Add `alpha * v` at `blocks.{layer}.hook_{hook}` (see steer_hooks)."""
+
+    layer: int
+    v: tuple[float, ...]
+    alpha: float
+    hook: str = "mlp_out"
+    positions: Optional[tuple[int, ...]] = None
+    kind: ClassVar[str] = "steer"
+
+    def __post_init__(self):
+        _choice("hook", self.hook, STEER_HOOKS)
+        object.__setattr__(self, "v", _floats(self.v))
+        object.__setattr__(self, "alpha", _floats([self.alpha])[0])
+        if self.positions is not None:
+            object.__setattr__(self, "positions", tuple(self.positions))
+
+    def hooks(self, model: HookedTransformer) -> Hooks:
+        v = torch.tensor(self.v, dtype=model.cfg.dtype, device=model.cfg.device)
+        return steer_hooks(model, self.layer, v, self.alpha, self.hook, self.positions)
+
+
+@dataclass(frozen=True)
+class Units(_Intervention):
+    """Keep, zero or scale MLP hidden units of `layer` (see unit_hooks); `scale` is for mode "scale"."""
+
+    layer: int
+    units: tuple[int, ...]
+    mode: str = "keep"
+    scale: float = 0.0
+    kind: ClassVar[str] = "units"
+
+    def __post_init__(self):
+        _choice("mode", self.mode, UNIT_MODES)
+        object.__setattr__(self, "units", tuple(self.units))
+        object.__setattr__(self, "scale", _floats([self.scale])[0])
+        if self.mode != "scale" and self.scale != 0.0:
+            raise ValueError(f"scale={self.scale} is only used with mode 'scale', not {self.mode!r}")
+
+    def hooks(self, model: HookedTransformer) -> Hooks:
+        return unit_hooks(model, self.layer, self.units, self.mode, self.scale)
+
+
+@dataclass(frozen=True)
+class Route(_Intervention):
+    """Run only the layers of `path`. As hooks only skip-only routes work; others need run_path."""
+
+    path: tuple[int, ...]
+    kind: ClassVar[str] = "route"
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", tuple(self.path))
+
+    def hooks(self, model: HookedTransformer) -> Hooks:
+        n_layers = model.cfg.n_layers
+        path = validate_route(self.path, n_layers)
+        if not is_skip_only(path):
+            raise ValueError(f"route {list(path)} repeats or reorders layers; run it with routing.run_path")
+        return [h for layer in range(n_layers) if layer not in path for h in silence_hooks(model, layer, "layer")]
+
+
+Intervention = Union[Silence, Steer, Units, Route]
+KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Route)}
+
+
+def intervention_from_dict(d: dict) -> Intervention:
+    """Rebuild any intervention from its `to_dict()`, dispatching on d["kind"]."""
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"unknown intervention kind {kind!r}; valid: {', '.join(map(repr, KINDS))}")
+    return KINDS[kind].from_dict(d)
+
+
+def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer) -> Hooks:
+    """All hooks of `interventions`, concatenated in order."""
+    return [h for iv in interventions for h in iv.hooks(model)]

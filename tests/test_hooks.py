@@ -1,0 +1,392 @@
+"""Hook factories and interventions on tiny random models: silencing, steering, units, serialization."""
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformer_lens import TransformerLensKeyValueCache
+
+from reach_lens.hooks import (
+    Route,
+    Silence,
+    Steer,
+    Units,
+    hooks_for,
+    intervention_from_dict,
+    random_units,
+    top_units_along,
+    unit_output_mass,
+)
+from conftest import make_tiny_model
+
+P = 6  # prompt length
+CACHE_TOL = dict(atol=1e-4, rtol=1e-5)  # cached vs uncached float32 forwards: same math, other kernel shapes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny-model ops are too small for two threads: on a busy 2-core machine one thread is ~100x faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def biased_model():
+    """A tiny model whose MLPs have a non-zero output bias b_out."""
+    m = make_tiny_model(seed=1)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.mlp.b_out.copy_(torch.randn(m.cfg.d_model))
+    return m
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 50, (3, P), generator=torch.Generator().manual_seed(0))
+
+
+def run(model, tokens, interventions=(), **kwargs):
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(list(interventions), model)):
+        return model(tokens, **kwargs)
+
+
+def manual_forward(model, tokens, drop_mlp=None, drop_attn=None):
+    """Forward built from the block modules, leaving out one layer's MLP or attention output."""
+    with torch.no_grad():
+        resid = model.embed(tokens)
+        for i, block in enumerate(model.blocks):
+            if i == drop_mlp:
+                x = block.ln1(resid)
+                resid = resid + block.attn(x, x, x)
+            elif i == drop_attn:
+                resid = resid + block.mlp(block.ln2(resid))
+            else:
+                resid = block(resid)
+        return model.unembed(model.ln_final(resid))
+
+
+def greedy_cached(model, prompt, steps, interventions=()):
+    """Greedy decoding with a KV cache under the hooks: generated tokens and each step's logits."""
+    b = prompt.shape[0]
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, b)
+    ones = lambda n: torch.ones(b, n, dtype=torch.long)
+    seq, step_logits = prompt, []
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(list(interventions), model)):
+        logits = model(prompt, past_kv_cache=cache, attention_mask=ones(P))
+        for _ in range(steps):
+            step_logits.append(logits[:, -1])
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+            logits = model(nxt, past_kv_cache=cache, attention_mask=ones(1))
+    return seq, torch.stack(step_logits, 1)
+
+
+def greedy_full(model, prompt, steps, interventions=()):
+    """The same greedy decoding with a full forward (no cache) at every step."""
+    seq, step_logits = prompt, []
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(list(interventions), model)):
+        for _ in range(steps):
+            last = model(seq)[:, -1]
+            step_logits.append(last)
+            seq = torch.cat([seq, last.argmax(-1, keepdim=True)], 1)
+    return seq, torch.stack(step_logits, 1)
+
+
+def as_tuple(t):
+    """A tensor as the nested tuples of floats that interventions store."""
+    return tuple(map(as_tuple, t)) if t.ndim > 1 else tuple(t.tolist())
+
+
+def direction(model, seed=0, scale=8.0):
+    return tuple((scale * torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(seed))).tolist())
+
+
+# ---------------------------------------------------------------- silencing
+
+
+def test_empty_intervention_list_is_the_plain_forward(model, tokens):
+    assert hooks_for([], model) == []
+    assert torch.equal(run(model, tokens), model(tokens))
+
+
+@pytest.mark.parametrize("layer", [0, 2, 3])
+def test_silencing_mlp_equals_forward_without_that_mlp(model, tokens, layer):
+    expected = manual_forward(model, tokens, drop_mlp=layer)
+    got = run(model, tokens, [Silence("mlp", layer)])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (got - run(model, tokens)).abs().max() > 1e-2
+
+
+def test_silencing_attention_equals_forward_without_that_attention(model, tokens):
+    expected = manual_forward(model, tokens, drop_attn=1)
+    torch.testing.assert_close(run(model, tokens, [Silence("attn", 1)]), expected, atol=1e-5, rtol=0)
+
+
+def test_silencing_a_layer_is_silencing_both_components(model, tokens):
+    both = run(model, tokens, [Silence("attn", 2), Silence("mlp", 2)])
+    assert torch.equal(run(model, tokens, [Silence("layer", 2)]), both)
+    assert torch.equal(run(model, tokens, [Route((0, 1, 3))]), both)
+
+
+def test_mean_silencing_writes_the_mean(model, tokens):
+    mean = torch.randn(model.cfg.d_model)
+    seen = {}
+    record = lambda act, hook: seen.setdefault("out", act.clone())
+    with torch.no_grad(), model.hooks(fwd_hooks=Silence("mlp", 1, "mean", mean=as_tuple(mean)).hooks(model)
+                                      + [("blocks.1.hook_mlp_out", record)]):
+        model(tokens)
+    assert torch.equal(seen["out"], mean.expand(3, P, -1))
+    per_pos = mean.expand(P, -1)
+    assert torch.equal(run(model, tokens, [Silence("mlp", 1, "mean", mean=as_tuple(per_pos))]),
+                       run(model, tokens, [Silence("mlp", 1, "mean", mean=as_tuple(mean))]))
+
+
+def test_per_position_mean_is_exact_under_kv_cache(model, tokens):
+    mean = torch.randn(P + 4, model.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    ivs = [Silence("attn", 1, "mean", mean=as_tuple(mean))]
+    cached, cached_logits = greedy_cached(model, tokens, 4, ivs)
+    full, full_logits = greedy_full(model, tokens, 4, ivs)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(cached_logits, full_logits, **CACHE_TOL)
+    with pytest.raises(ValueError, match="mean covers 10 positions"):
+        greedy_full(model, tokens, 6, ivs)
+
+
+# ---------------------------------------------------------------- steering
+
+
+def test_steering_with_alpha_zero_changes_nothing(model, tokens):
+    for hook in ("mlp_out", "attn_out", "resid_pre", "resid_post"):
+        assert torch.equal(run(model, tokens, [Steer(1, direction(model), 0.0, hook)]), run(model, tokens))
+
+
+def test_steering_adds_alpha_v_at_the_hook(model, tokens):
+    v = direction(model)
+    seen = {}
+    with torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.2.hook_resid_post", lambda a, hook: seen.setdefault("clean", a))])
+        model.run_with_hooks(tokens, fwd_hooks=Steer(2, v, -2.0, "resid_post").hooks(model)
+                             + [("blocks.2.hook_resid_post", lambda a, hook: seen.setdefault("steered", a))])
+    torch.testing.assert_close(seen["steered"] - seen["clean"], -2.0 * torch.tensor(v).expand(3, P, -1))
+
+
+@pytest.mark.parametrize(
+    "hook,positions",
+    [("mlp_out", None), ("mlp_out", (1, P + 1)), ("resid_pre", None), ("resid_pre", (P - 1, P + 2)),
+     ("attn_out", (0, P)), ("resid_post", (P + 3,))],
+)
+def test_steering_under_kv_cache_equals_steering_without(model, tokens, hook, positions):
+    ivs = [Steer(1, direction(model), 4.0, hook, positions)]
+    cached, cached_logits = greedy_cached(model, tokens, 5, ivs)
+    full, full_logits = greedy_full(model, tokens, 5, ivs)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(cached_logits, full_logits, **CACHE_TOL)
+    _, clean_logits = greedy_full(model, tokens, 5)
+    assert (full_logits - clean_logits).abs().max() > 1e-2  # the steering does something
+
+
+def test_steering_under_transformer_lens_generate(model, tokens):
+    ivs = [Steer(2, direction(model), 6.0, "mlp_out", (2, P + 1))]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(ivs, model)):
+        generated = model.generate(tokens, max_new_tokens=5, do_sample=False, stop_at_eos=False, verbose=False)
+    assert torch.equal(generated, greedy_full(model, tokens, 5, ivs)[0])
+
+
+def test_negative_positions_count_from_the_end_of_the_prompt(model, tokens):
+    v = direction(model)
+    for hook in ("mlp_out", "resid_pre"):
+        last = greedy_cached(model, tokens, 4, [Steer(1, v, 4.0, hook, (-1, -3))])
+        absolute = greedy_cached(model, tokens, 4, [Steer(1, v, 4.0, hook, (P - 1, P - 3))])
+        assert torch.equal(last[0], absolute[0])
+        torch.testing.assert_close(last[1], absolute[1], atol=1e-6, rtol=0)
+        assert torch.equal(run(model, tokens, [Steer(1, v, 4.0, hook, (-1,))]),
+                           run(model, tokens, [Steer(1, v, 4.0, hook, (P - 1,))]))
+
+
+@pytest.mark.parametrize("hook", ["mlp_out", "resid_pre", "attn_out"])
+def test_steering_at_a_position_changes_logits_only_from_there_on(model, tokens, hook):
+    clean = run(model, tokens)
+    steered = run(model, tokens, [Steer(0, direction(model), 4.0, hook, (3,))])
+    assert torch.equal(steered[:, :3], clean[:, :3])
+    assert (steered[:, 3] - clean[:, 3]).abs().max() > 1e-2
+
+
+def test_resid_pre_position_guess_is_checked(model, tokens):
+    """A chunked prefill into a cache makes the resid_pre guess wrong: the forward raises, never silently."""
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 3)
+    ones = lambda n: torch.ones(3, n, dtype=torch.long)
+    with torch.no_grad(), model.hooks(fwd_hooks=Steer(1, direction(model), 4.0, "resid_pre", (P + 1,)).hooks(model)):
+        model(tokens, past_kv_cache=cache, attention_mask=ones(P))
+        with pytest.raises(RuntimeError, match="guessed local positions"):
+            model(tokens[:, :2], past_kv_cache=cache, attention_mask=ones(2))
+
+
+def test_negative_position_before_the_prompt_raises(model, tokens):
+    with pytest.raises(ValueError, match="position -7 is before the start of a 6-position prompt"):
+        run(model, tokens, [Steer(1, direction(model), 1.0, "mlp_out", (-7,))])
+
+
+# ---------------------------------------------------------------- units
+
+
+def test_zeroing_all_units_is_silencing_the_mlp_up_to_its_bias(biased_model, tokens):
+    m = biased_model
+    all_units = tuple(range(m.cfg.d_mlp))
+    b_out = m.blocks[2].mlp.b_out.detach()
+    zeroed = run(m, tokens, [Units(2, all_units, "zero")])
+    torch.testing.assert_close(zeroed, run(m, tokens, [Silence("mlp", 2, "mean", mean=as_tuple(b_out))]), atol=1e-5, rtol=0)
+    assert (zeroed - run(m, tokens, [Silence("mlp", 2)])).abs().max() > 1e-2  # the bias matters here
+    assert torch.equal(run(m, tokens, [Units(2, (), "keep")]), zeroed)
+
+
+def test_keeping_all_units_changes_nothing(model, tokens):
+    assert torch.equal(run(model, tokens, [Units(1, tuple(range(model.cfg.d_mlp)), "keep")]), run(model, tokens))
+    assert torch.equal(run(model, tokens, [Units(1, (3, 5), "scale", 1.0)]), run(model, tokens))
+
+
+def test_unit_modes_act_on_the_chosen_units(model, tokens):
+    seen = {}
+    units = (0, 7, 63)
+    for mode, scale in (("keep", 0.0), ("zero", 0.0), ("scale", 3.0), ("clean", None)):
+        ivs = [] if mode == "clean" else [Units(1, units, mode, scale)]
+        record = ("blocks.1.mlp.hook_post", lambda a, hook, mode=mode: seen.setdefault(mode, a.clone()))
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(ivs, model) + [record]):
+            model(tokens)
+    others = [u for u in range(model.cfg.d_mlp) if u not in units]
+    assert torch.equal(seen["keep"][..., units], seen["clean"][..., units])
+    assert not seen["keep"][..., others].any()
+    assert not seen["zero"][..., units].any() and torch.equal(seen["zero"][..., others], seen["clean"][..., others])
+    torch.testing.assert_close(seen["scale"][..., units], 3.0 * seen["clean"][..., units])
+
+
+def test_top_units_along_on_a_hand_built_w_out():
+    m = make_tiny_model(n_layers=2)
+    W = torch.zeros(m.cfg.d_mlp, m.cfg.d_model)
+    W[5, 0], W[9, 0], W[1, 0], W[7] = 3.0, 2.0, -10.0, 0.0
+    W[7, 0], W[7, 1] = 1.0, 50.0  # large norm, small projection on e0
+    with torch.no_grad():
+        m.blocks[1].mlp.W_out.copy_(W)
+    e0 = torch.zeros(m.cfg.d_model)
+    e0[0] = 1.0
+    assert top_units_along(m, 1, e0, k=3) == [5, 9, 7]
+    assert top_units_along(m, 1, 10 * e0, k=3) == [5, 9, 7]
+    assert top_units_along(m, 1, -e0, k=1) == [1]
+    with pytest.raises(ValueError, match="k=65"):
+        top_units_along(m, 1, e0, k=65)
+    with pytest.raises(ValueError, match="non-zero"):
+        top_units_along(m, 1, 0 * e0, k=3)
+
+
+@given(seed=st.integers(0, 2**32), k=st.integers(0, 20), exclude=st.sets(st.integers(0, 63), max_size=40))
+def test_random_units_is_seeded_and_avoids_exclude(seed, k, exclude):
+    units = random_units(64, k, seed, exclude)
+    assert units == random_units(64, k, seed, exclude)
+    assert len(set(units)) == k and units == sorted(units)
+    assert not set(units) & exclude and all(0 <= u < 64 for u in units)
+
+
+def test_random_units_depends_on_seed_and_checks_k():
+    assert random_units(1536, 32, 0) != random_units(1536, 32, 1)
+    with pytest.raises(ValueError, match="k=5 out of range: 3 units left"):
+        random_units(4, 5, 0, exclude=[2])
+
+
+def test_unit_output_mass():
+    acts = torch.tensor([[[1.0, -2.0, 0.0, 1.0]], [[0.0, 2.0, 0.0, 1.0]]])  # [batch 2, pos 1, d_mlp 4]
+    W_out = torch.tensor([[3.0, 4.0], [1.0, 0.0], [9.0, 9.0], [0.0, 2.0]])  # norms 5, 1, 12.7, 2
+    # masses: unit0 1*5, unit1 4*1, unit2 0, unit3 2*2 -> total 13
+    assert unit_output_mass(acts, W_out, [0]) == pytest.approx(5 / 13)
+    assert unit_output_mass(acts, W_out, [1, 3]) == pytest.approx(8 / 13)
+    assert unit_output_mass(acts, W_out, range(4)) == pytest.approx(1.0)
+    assert unit_output_mass(acts, W_out, [2]) == 0.0
+
+
+# ---------------------------------------------------------------- hygiene and serialization
+
+
+def assert_no_hooks(model):
+    for name, hp in model.hook_dict.items():
+        assert not hp.fwd_hooks and not hp._forward_hooks, name
+
+
+def test_hooks_never_leak(model, tokens):
+    ivs = [Silence("layer", 0), Steer(1, direction(model), 2.0, "resid_pre", (-1,)), Units(2, (1, 2), "zero"),
+           Route((0, 2, 3)), Silence("mlp", 3, "mean", mean=tuple([0.5] * model.cfg.d_model))]
+    with pytest.raises(KeyError):
+        with model.hooks(fwd_hooks=hooks_for(ivs, model)):
+            model(tokens)
+            raise KeyError("boom")
+    assert_no_hooks(model)
+    with pytest.raises(ValueError, match="before the start"):  # raised inside the forward, by a hook
+        run(model, tokens, [Steer(1, direction(model), 1.0, "mlp_out", (-50,))])
+    assert_no_hooks(model)
+
+
+floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
+vectors = st.lists(floats, min_size=1, max_size=6).map(tuple)
+interventions = st.one_of(
+    st.builds(Silence, component=st.sampled_from(["mlp", "attn", "layer"]), layer=st.integers(0, 80)),
+    st.builds(Silence, component=st.sampled_from(["mlp", "attn"]), layer=st.integers(0, 80), mode=st.just("mean"),
+              mean=st.one_of(vectors, st.lists(st.lists(floats, min_size=3, max_size=3).map(tuple),
+                                               min_size=1, max_size=4).map(tuple))),
+    st.builds(Steer, layer=st.integers(0, 80), v=vectors, alpha=floats,
+              hook=st.sampled_from(["mlp_out", "attn_out", "resid_pre", "resid_post"]),
+              positions=st.one_of(st.none(), st.lists(st.integers(-100, 100), min_size=1, max_size=4).map(tuple))),
+    st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
+              mode=st.sampled_from(["keep", "zero"])),
+    st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
+              mode=st.just("scale"), scale=floats),
+    st.builds(Route, path=st.lists(st.integers(0, 80), min_size=1, max_size=10).map(tuple)),
+)
+
+
+@given(iv=interventions)
+def test_interventions_round_trip(iv):
+    d = iv.to_dict()
+    assert type(iv).from_dict(d) == iv
+    assert intervention_from_dict(json.loads(json.dumps(d))) == iv
+
+
+def test_to_dict_is_plain_json():
+    assert Steer(1, (0.5, -1.0), 2.0, positions=(-1,)).to_dict() == {
+        "kind": "steer", "layer": 1, "v": [0.5, -1.0], "alpha": 2.0, "hook": "mlp_out", "positions": [-1]}
+    assert Silence("mlp", 0, "mean", mean=as_tuple(torch.ones(2, 3))).to_dict() == {
+        "kind": "silence", "component": "mlp", "layer": 0, "mode": "mean", "mean": [[1.0] * 3] * 2}
+    assert Units(3, (4, 1), "scale", 0.5).to_dict() == {"kind": "units", "layer": 3, "units": [4, 1], "mode": "scale", "scale": 0.5}
+    assert Route((0, 2)).to_dict() == {"kind": "route", "path": [0, 2]}
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda m: Silence("ffn", 0), "unknown component 'ffn'"),
+        (lambda m: Silence("mlp", 4).hooks(m), r"layer 4 out of range for a 4-layer model \(0..3\)"),
+        (lambda m: Steer(-1, direction(m), 1.0).hooks(m), "layer -1 out of range"),
+        (lambda m: Steer(0, (1.0, 2.0), 1.0).hooks(m), r"shape \(2,\); expected \(32,\)"),
+        (lambda m: Steer(0, direction(m), 1.0, "resid_mid"), "unknown hook 'resid_mid'"),
+        (lambda m: Steer(0, direction(m), float("nan")), "non-finite"),
+        (lambda m: Steer(0, direction(m), 1.0, positions=()).hooks(m), "positions is empty"),
+        (lambda m: Units(0, (64,), "zero").hooks(m), r"unit 64 out of range for d_mlp=64 \(0..63\)"),
+        (lambda m: Units(0, (1,), "drop"), "unknown mode 'drop'"),
+        (lambda m: Units(0, (1,), "zero", scale=2.0), "scale=2.0 is only used with mode 'scale'"),
+        (lambda m: Silence("layer", 0, "mean", mean=(0.0,) * 32).hooks(m), "one component"),
+        (lambda m: Silence("mlp", 0, "mean", mean=(0.0,) * 5).hooks(m), r"shape \(5,\)"),
+        (lambda m: Silence("mlp", 0, "zero", mean=(0.0,) * 32).hooks(m), "takes no mean"),
+        (lambda m: Route((0, 9)).hooks(m), "has layer 9, out of range"),
+        (lambda m: Route((2, 1)).hooks(m), "repeats or reorders layers"),
+        (lambda m: intervention_from_dict({"kind": "prune"}), "unknown intervention kind 'prune'"),
+        (lambda m: Steer.from_dict({"kind": "steer", "layer": 0, "v": [1.0], "alhpa": 1.0}), r"unknown fields \['alhpa'\]"),
+        (lambda m: Steer.from_dict({"kind": "units", "layer": 0}), "kind 'units' is not 'steer'"),
+    ],
+)
+def test_bad_input_names_the_value(model, make, match):
+    with pytest.raises(ValueError, match=match):
+        make(model)
