@@ -1,0 +1,149 @@
+"""Sampling throughput: reach_lens ``generate`` against Hugging Face ``generate`` on the same model.
+
+Work, identical for both: for each of 20 prompts, K=16 samples of exactly 32 new tokens at T=0.8 (no
+top-k/top-p; EOS does not stop a row: reach_lens with ``stop_token_ids=()``, HF with
+``min_new_tokens=32``). Prompt sets (the embedded SmolLM2-135M-Instruct, chat format "native"):
+
+- arc: the first 20 ARC-Easy test questions (about 90 prompt tokens);
+- logiqa: the first 20 LogiQA test questions whose prompt has at least 280 tokens (about 320).
+
+HF runs one ``generate(num_return_sequences=16)`` per prompt (it expands the prompt to 16 rows before its
+prefill); reach_lens runs one ``generate(n_per_prompt=16)`` over all prompts (one prefill per prompt).
+Each method runs in its own subprocess; peak memory is that process's resident-set high-water mark
+during generation (reset after loading where Linux allows it). One prompt is run first as a warm-up.
+
+    python bench/bench_sample.py [--threads 1] [--n 20] [--sets arc logiqa]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARC_FILE = Path("/work/shared/data/arc/ARC-Easy-test.jsonl")
+LOGIQA_FILE = Path("/work/shared/data/logiqa/Test.txt")
+K, NEW_TOKENS, TEMPERATURE = 16, 32, 0.8
+MIN_LOGIQA_TOKENS = 280
+
+
+def prompt_set(name: str, n: int, tokenizer) -> list[str]:
+    from reach_lens.tasks import get_task
+
+    if name == "arc":
+        task = get_task("arc_easy")
+        return [task.prompt(q, "native", tokenizer) for q in task.load(ARC_FILE)[:n]]
+    task = get_task("logiqa")
+    prompts = []
+    for q in task.load(LOGIQA_FILE):
+        text = task.prompt(q, "native", tokenizer)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= MIN_LOGIQA_TOKENS:
+            prompts.append(text)
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
+    import gc
+
+    import torch
+
+    from reach_lens.models import embedded_checkpoint_dir, encode, load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    if method == "reach_lens":
+        from reach_lens.sampling import generate
+
+        model = load_model()
+        prompts = [encode(model, p) for p in prompt_set(set_name, n, model.tokenizer)]
+
+        def run(batch: list[list[int]]) -> int:
+            out = generate(model, batch, n_per_prompt=K, temperature=TEMPERATURE, seeds=list(range(len(batch))),
+                           max_new_tokens=NEW_TOKENS, stop_token_ids=())
+            return sum(len(g.tokens) for gs in out for g in gs)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = embedded_checkpoint_dir()
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompt_set(set_name, n, tokenizer)]
+
+        def run(batch: list[list[int]]) -> int:
+            total = 0
+            with torch.no_grad():
+                for ids in batch:
+                    x = torch.tensor([ids])
+                    out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=TEMPERATURE,
+                                      top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                      num_return_sequences=K, pad_token_id=tokenizer.eos_token_id)
+                    total += (out.shape[1] - x.shape[1]) * out.shape[0]
+            return total
+
+    run(prompts[:1])
+    gc.collect()
+    reset = reset_peak_rss()
+    start = time.perf_counter()
+    tokens = run(prompts)
+    seconds = time.perf_counter() - start
+    return {"method": method, "set": set_name, "prompts": len(prompts),
+            "prompt_tokens": sum(map(len, prompts)) / len(prompts), "tokens": tokens, "seconds": seconds,
+            "peak_rss_mb": peak_rss_mb(), "peak_reset": reset, "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--n", type=int, default=20, help="prompts per set")
+    parser.add_argument("--sets", nargs="+", default=["arc", "logiqa"], choices=["arc", "logiqa"])
+    parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SET"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.n, args.threads)))
+        return
+    print(f"K={K} samples x {NEW_TOKENS} new tokens at T={TEMPERATURE}, {args.n} prompts per set")
+    for set_name in args.sets:
+        results = {}
+        for method in ("reach_lens", "hf"):
+            command = [sys.executable, __file__, "--worker", method, set_name, "--n", str(args.n)]
+            if args.threads:
+                command += ["--threads", str(args.threads)]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                sys.exit(f"{method} on {set_name} failed:\n{done.stderr[-3000:]}")
+            results[method] = json.loads(done.stdout.strip().splitlines()[-1])
+        ours, hf = results["reach_lens"], results["hf"]
+        print(f"\n[{set_name}] {ours['prompts']} prompts, {ours['prompt_tokens']:.0f} prompt tokens on average, "
+              f"{ours['threads']} torch threads")
+        for r in (ours, hf):
+            print(f"  {r['method']:<10} {r['tokens']:>6} tokens in {r['seconds']:7.1f} s = "
+                  f"{r['tokens'] / r['seconds']:6.1f} tokens/s   peak RSS {r['peak_rss_mb']:6.0f} MB"
+                  + ("" if r["peak_reset"] else " (process lifetime)"))
+        ratio = (ours["tokens"] / ours["seconds"]) / (hf["tokens"] / hf["seconds"])
+        print(f"  throughput ratio reach_lens / HF = {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

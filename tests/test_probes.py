@@ -1,0 +1,161 @@
+"""deploy / sample / recognize on a tiny random model with a character tokenizer (and the embedded model)."""
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from transformer_lens import HookedTransformer
+
+from reach_lens.models import encode
+from reach_lens.probes import deploy, prompt_ids, question_seed, recognize, sample
+from reach_lens.sampling import generate, make_prefix
+from reach_lens.tasks import get_task
+from reach_lens.tasks.base import Question
+from reach_lens.tasks.mc import make_mc_question
+
+
+class CharTokenizer:
+    """Printable ASCII and newline as ids 3..98 (0 pad, 1 BOS, 2 EOS): enough of a tokenizer for the probes."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    padding_side = "right"
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        ids = [98 if c == "\n" else 3 + ord(c) - 32 for c in text]
+        if any(not 3 <= i <= 98 for i in ids):
+            raise ValueError(f"character outside the test alphabet in {text!r}")
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join("\n" if i == 98 else chr(i - 3 + 32) for i in ids if i >= 3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared machine a second thread can stall every op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> HookedTransformer:
+    m = make_tiny_model(d_vocab=100)
+    m.tokenizer = CharTokenizer()
+    return m
+
+
+@pytest.fixture(scope="module")
+def arc():
+    return get_task("arc_easy")
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[Question]:
+    return [
+        make_mc_question("q1", "Which is hot?", ["ice", "fire", "snow"], 1),
+        make_mc_question("q2", "What do bees make?", ["honey", "milk", "silk", "wool"], 0),
+        make_mc_question("q3", "Sky colour?", ["green", "blue"], 1),
+    ]
+
+
+def test_deploy_is_greedy_generation_graded(model, arc, questions):
+    rows = deploy(model, arc, questions, "shared", batch_size=2)
+    prompts = prompt_ids(model, arc, questions, "shared")
+    assert prompts[0][0] == CharTokenizer.bos_token_id and len(prompts[0]) == 1 + len(arc.prompt(questions[0], "shared", None))
+    gens = generate(model, prompts, max_new_tokens=arc.max_new_tokens("shared"),
+                    stop_strings=arc.stop_strings("shared"))
+    for q, row, (gen,) in zip(questions, rows, gens):
+        assert row["question_id"] == q.id
+        assert row["text"] == gen.text and row["length"] == len(gen.tokens)
+        assert row["finish_reason"] == gen.finish_reason
+        assert row["mean_logprob"] == pytest.approx(gen.mean_logprob)
+        graded = arc.grade(q, gen.text)
+        assert (row["answer"], row["correct"]) == (graded.answer, graded.correct)
+
+
+def test_deploy_with_hooks_and_prefix_reuse(model, arc, questions):
+    def zero(act, hook):
+        return torch.zeros_like(act)
+
+    hooks = [("blocks.2.hook_mlp_out", zero)]
+    plain = deploy(model, arc, questions, "shared")
+    hooked = deploy(model, arc, questions, "shared", hooks=hooks)
+    assert [r["text"] for r in hooked] != [r["text"] for r in plain]
+    prefix = make_prefix(model, prompt_ids(model, arc, questions, "shared"), layers=[2])
+    reused = deploy(model, arc, questions, "shared", hooks=hooks, start_layer=2, prefix=prefix)
+    assert [r["text"] for r in reused] == [r["text"] for r in hooked]
+
+
+def test_sample_seeds_per_question(model, arc, questions):
+    both = sample(model, arc, questions, "shared", K=3, temperature=1.0, seed=7, batch_size=4)
+    last = sample(model, arc, questions[2:], "shared", K=3, temperature=1.0, seed=7)
+    assert [len(s) for s in both] == [3, 3, 3]
+    assert [r["text"] for r in both[2]] == [r["text"] for r in last[0]]
+    assert len({r["text"] for s in both for r in s}) > 1
+    other_seed = sample(model, arc, questions[2:], "shared", K=3, temperature=1.0, seed=8)
+    assert [r["text"] for r in other_seed[0]] != [r["text"] for r in last[0]]
+    assert question_seed(7, "q1") != question_seed(7, "q2") != question_seed(8, "q2")
+    with pytest.raises(ValueError, match="temperature 0 out of range"):
+        sample(model, arc, questions, "shared", K=2, temperature=0, seed=0)
+
+
+def option_logliks(model, context: str, continuation: str) -> float:
+    """Unbatched reference: one full forward over context + continuation."""
+    ctx = encode(model, context)
+    cont = model.tokenizer(continuation)["input_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ctx + cont]))[0], -1)
+    return sum(float(logp[len(ctx) - 1 + t, tok]) for t, tok in enumerate(cont))
+
+
+@pytest.mark.parametrize("norm", ["tokens", "chars"])
+def test_recognize_matches_unbatched_likelihoods(model, arc, questions, norm):
+    frame = recognize(model, arc, questions, batch_size=3, norm=norm)  # 9 sequences over 3 padded forwards
+    assert list(frame.columns) == ["question_id", "gold_index", "loglik", "norm_loglik", "pred_sum", "pred_norm",
+                                   "gold_rank"]
+    for q, row in zip(questions, frame.itertuples()):
+        context, continuations = arc.recognition_items(q)
+        expected = [option_logliks(model, context, c) for c in continuations]
+        assert row.question_id == q.id and row.gold_index == q.gold_index
+        assert row.loglik == pytest.approx(expected, abs=1e-4)
+        sizes = [len(c) for c in continuations]  # one token per character with this tokenizer
+        assert row.norm_loglik == pytest.approx([e / n for e, n in zip(expected, sizes)], abs=1e-4)
+        assert row.pred_sum == max(range(len(expected)), key=expected.__getitem__)
+        assert row.pred_norm == max(range(len(expected)), key=lambda j: expected[j] / sizes[j])
+        assert row.gold_rank == 1 + sum(e > expected[q.gold_index] for e in expected)
+
+
+def test_recognize_under_hooks_and_errors(model, arc, questions):
+    def zero(act, hook):
+        return torch.zeros_like(act)
+
+    plain = recognize(model, arc, questions)
+    hooked = recognize(model, arc, questions, hooks=[("blocks.0.hook_attn_out", zero)])
+    assert hooked.loglik.tolist() != plain.loglik.tolist()
+    assert not model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks
+    with pytest.raises(ValueError, match="norm 'bytes' unknown"):
+        recognize(model, arc, questions, norm="bytes")
+    with pytest.raises(ValueError, match="recognition needs a multiple-choice task"):
+        recognize(model, get_task("gsm8k"), [Question("g1", "1+1?", "2")])
+
+
+ARC_FILE = Path("/work/shared/data/arc/ARC-Easy-test.jsonl")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not ARC_FILE.exists(), reason="needs the ARC-Easy test file")
+def test_embedded_model_probes_on_arc():
+    from reach_lens.models import load_model
+
+    m = load_model()
+    task = get_task("arc_easy")
+    qs = task.load(ARC_FILE)[:4]
+    rows = deploy(m, task, qs, "native")
+    assert all(r["length"] <= task.max_new_tokens("native") for r in rows)
+    assert sum(r["answer"] is not None for r in rows) >= 3  # the instruct model answers with a letter
+    frame = recognize(m, task, qs)
+    assert frame.gold_rank.between(1, 5).all()
+    samples = sample(m, task, qs[:2], "native", K=4, temperature=0.8, seed=0)
+    assert [len(s) for s in samples] == [4, 4]
