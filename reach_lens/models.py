@@ -175,16 +175,26 @@ def hooked_config(hf_config, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
 
 
 def store_linear_weights_transposed(model: HookedTransformer) -> None:
-    """Give the gated-MLP and unembedding weights transposed storage (same values, same shapes).
+    """Give the weights TransformerLens 3.9 transposes on every forward the matching storage.
 
-    TransformerLens 3.9 computes these with ``F.linear(x, W.T.contiguous())``; with this storage the
-    ``.contiguous()`` copy is a no-op, which halves a CPU decode step (measured in DESIGN.md).
+    Same values, same shapes: the gated MLP and the unembedding are computed with
+    ``F.linear(x, W.T.contiguous())``, the attention projections with similar reshapes, so with this
+    storage those copies are no-ops. This halves a CPU decode step (measured in DESIGN.md).
     """
     params = [model.unembed.W_U]
     for block in model.blocks:
         params += [getattr(block.mlp, name) for name in ("W_in", "W_gate", "W_out") if hasattr(block.mlp, name)]
     for p in params:
         p.data = p.data.T.contiguous().T
+    for block in model.blocks:
+        attn = block.attn
+        for name in ("W_Q", "_W_K", "_W_V", "W_K", "W_V"):
+            w = attn._parameters.get(name)
+            if w is not None:  # [head, d_model, d_head] stored as [head, d_head, d_model]
+                w.data = w.data.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+        w_o = attn._parameters.get("W_O")
+        if w_o is not None:  # [head, d_head, d_model] stored as [d_model, head, d_head]
+            w_o.data = w_o.data.permute(2, 0, 1).contiguous().permute(1, 2, 0)
 
 
 def encode(model: HookedTransformer, text: str) -> list[int]:

@@ -1,0 +1,197 @@
+"""Building blocks of the MLP-localization study: screening, panels, the steering direction, and a
+planted failure for the positive control.
+
+Vocabulary (DESIGN.md): a question is *recognized* when multiple-choice likelihood ranks its gold option
+first, and *generated* when greedy direct generation answers it correctly. The **failure set** holds
+questions recognized but not generated; the **healthy panel** holds questions both recognized and
+generated. Both are fixed before any intervention.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from reach_lens import audit, probes
+from reach_lens.models import encode
+from reach_lens.tasks import Question, Task
+
+RECOGNITION_RULES = ("sum", "norm")
+
+
+def screen(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
+           recognition: str = "sum", hooks=(), batch_size: int = 16) -> pd.DataFrame:
+    """Recognition and direct generation of every question, one row each.
+
+    Columns: question_id, gold, recognized (gold option ranked first by summed ("sum") or per-token
+    ("norm") option log-likelihood), recog_pred, generated (greedy answer graded correct), gen_answer,
+    gen_text, gen_format_ok.
+    """
+    if recognition not in RECOGNITION_RULES:
+        raise ValueError(f"recognition rule {recognition!r} unknown; expected one of {RECOGNITION_RULES}")
+    if task.kind != "mc":
+        raise ValueError(f"task {task.name!r} is {task.kind}; recognition needs a multiple-choice task")
+    recog = probes.recognize(model, task, questions, hooks=hooks, batch_size=batch_size).set_index("question_id")
+    deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
+    pred_column = "pred_sum" if recognition == "sum" else "pred_norm"
+    rows = []
+    for q, gen in zip(questions, deployed):
+        pred = int(recog.loc[q.id, pred_column])
+        rows.append({
+            "question_id": q.id,
+            "gold": q.gold,
+            "recognized": pred == q.gold_index,
+            "recog_pred": q.labels[pred],
+            "generated": bool(gen["correct"]),
+            "gen_answer": gen["answer"],
+            "gen_text": gen["text"],
+            "gen_format_ok": gen["answer"] is not None,
+        })
+    return pd.DataFrame(rows)
+
+
+def _unit_hash(seed: int, question_id: str) -> float:
+    digest = hashlib.sha256(f"panel-split:{seed}:{question_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def build_panels(screened: pd.DataFrame, seed: int, calibration_share: float = 0.5,
+                 max_evaluation: int | None = None) -> pd.DataFrame:
+    """Failure set and healthy panel, each split into calibration and evaluation questions.
+
+    A question goes to calibration when ``sha256("panel-split:seed:id")`` (read as a number in [0, 1)) falls below
+    ``calibration_share``: the split depends on nothing but the id, so it is fixed before any
+    intervention and independent of question order. Calibration questions define the steering direction
+    and choose units; evaluation questions measure every intervention. ``max_evaluation`` caps each
+    evaluation panel (lowest hashes first). Columns: question_id, panel ("failure" | "healthy"),
+    role ("calibration" | "evaluation").
+    """
+    if not 0.0 < calibration_share < 1.0:
+        raise ValueError(f"calibration_share {calibration_share} out of range: expected 0 < share < 1")
+    rows = []
+    for panel, mask in (("failure", screened.recognized & ~screened.generated),
+                        ("healthy", screened.recognized & screened.generated)):
+        ids = sorted(screened.loc[mask, "question_id"], key=lambda i: _unit_hash(seed, i))
+        evaluation = [i for i in ids if _unit_hash(seed, i) >= calibration_share]
+        if max_evaluation is not None:
+            evaluation = evaluation[:max_evaluation]
+        for qid in ids:
+            role = "calibration" if _unit_hash(seed, qid) < calibration_share else "evaluation"
+            if role == "evaluation" and qid not in evaluation:
+                continue
+            rows.append({"question_id": qid, "panel": panel, "role": role})
+    return pd.DataFrame(rows, columns=["question_id", "panel", "role"])
+
+
+def _right_padded(model: HookedTransformer, prompts: Sequence[str], batch_size: int):
+    """Batches of right-padded prompt tokens with each row's last real position.
+
+    Under causal attention a position never sees the padding after it, so everything computed at a
+    prompt's last real token is exact.
+    """
+    token_lists = [encode(model, p) for p in prompts]
+    pad = model.tokenizer.pad_token_id or 0
+    for start in range(0, len(token_lists), batch_size):
+        chunk = token_lists[start:start + batch_size]
+        width = max(len(t) for t in chunk)
+        tokens = torch.tensor([t + [pad] * (width - len(t)) for t in chunk], device=model.cfg.device)
+        yield tokens, torch.tensor([len(t) - 1 for t in chunk], device=model.cfg.device)
+
+
+def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], hook_name: str,
+                            batch_size: int = 16) -> Float[Tensor, "n d"]:
+    """Activation at ``hook_name`` (a ``blocks.{l}.…`` hook) on the last token of each prompt."""
+    layer = int(hook_name.split(".")[1])
+    out = []
+    for tokens, last in _right_padded(model, prompts, batch_size):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=[hook_name], stop_at_layer=layer + 1)
+        out.append(cache[hook_name][torch.arange(len(tokens)), last].cpu())
+    return torch.cat(out)
+
+
+def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 16,
+                       hooks=()) -> Float[Tensor, "n d_vocab"]:
+    """Next-token logits after each prompt (the first generated token's distribution)."""
+    out = []
+    with model.hooks(fwd_hooks=list(hooks)):
+        for tokens, last in _right_padded(model, prompts, batch_size):
+            with torch.no_grad():
+                out.append(model(tokens)[torch.arange(len(tokens)), last].cpu())
+    return torch.cat(out)
+
+
+def mlp_direction(model: HookedTransformer, layer: int, failure_prompts: Sequence[str],
+                  healthy_prompts: Sequence[str], batch_size: int = 16) -> tuple[Float[Tensor, "d_model"], dict]:
+    """The failure direction at the MLP output of ``layer``.
+
+    ``v = mean(mlp_out | failure) - mean(mlp_out | healthy)`` at the last prompt token (where the answer
+    is decided), unscaled: ``-1 * v`` moves the failure questions' mean onto the healthy mean, and
+    ``alpha`` in {2, 4, 8} overshoots by that factor.
+    """
+    if not failure_prompts or not healthy_prompts:
+        raise ValueError(f"need calibration questions in both panels, got {len(failure_prompts)} failure "
+                         f"and {len(healthy_prompts)} healthy")
+    name = f"blocks.{layer}.hook_mlp_out"
+    fail = last_prompt_activations(model, failure_prompts, name, batch_size)
+    healthy = last_prompt_activations(model, healthy_prompts, name, batch_size)
+    v = fail.mean(0) - healthy.mean(0)
+    both = torch.cat([fail, healthy])
+    info = {"layer": layer, "n_failure": len(fail), "n_healthy": len(healthy), "norm": float(v.norm()),
+            "mlp_out_norm": float(both.norm(dim=-1).mean()),
+            "mean_abs_cosine": float(torch.nn.functional.cosine_similarity(both, v[None], dim=-1).abs().mean())}
+    return v, info
+
+
+def plant_answer_failure(model: HookedTransformer, layer: int, target_token: int, strength: float,
+                         away_from: Sequence[int]) -> HookedTransformer:
+    """A copy of ``model`` whose MLP block at ``layer`` pushes direct answers towards ``target_token``.
+
+    The edit is to the block's output bias only (a constant added to ``hook_mlp_out`` at every position):
+    ``b_out += strength * rms * u``, where ``u`` is the unit vector of
+    ``W_U[:, target] - mean(W_U[:, away_from])`` and ``rms`` is the residual stream's typical norm scale
+    (``sqrt(d_model)`` times the mean |W_E| entry norm, read off the embedding). Silencing that MLP block
+    removes the edit entirely; nothing else in the network changes.
+    """
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer {layer} out of range for a {model.cfg.n_layers}-layer model (0..{model.cfg.n_layers - 1})")
+    planted = copy.deepcopy(model)
+    W_U = planted.unembed.W_U.detach()
+    direction = W_U[:, target_token] - W_U[:, list(away_from)].mean(-1)
+    unit = direction / direction.norm()
+    scale = planted.W_E.detach().norm(dim=-1).mean()
+    with torch.no_grad():
+        planted.blocks[layer].mlp.b_out.add_(strength * scale * unit)
+    planted.cfg.model_name = f"{model.cfg.model_name}-planted-L{layer}"
+    return planted
+
+
+def panel_rates(results: pd.DataFrame) -> dict:
+    """Repair and breakage of one condition from its per-question results (columns panel, correct).
+
+    Repair = share of the failure panel answered correctly; breakage = share of the healthy panel
+    answered wrongly; each with its Wilson 95% interval, count and n (``audit.Rate.to_dict``).
+    """
+    out = {}
+    fail = results.loc[results.panel == "failure", "correct"].to_numpy(bool)
+    healthy = results.loc[results.panel == "healthy", "correct"].to_numpy(bool)
+    if len(fail):
+        out.update(audit.repair_rate(np.zeros(len(fail), bool), fail).to_dict("repair"))
+    if len(healthy):
+        out.update(audit.breakage_rate(np.ones(len(healthy), bool), healthy).to_dict("breakage"))
+    return out
+
+
+def correct_under(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, hooks,
+                  batch_size: int = 16) -> np.ndarray:
+    """Greedy direct generation of every question with ``hooks`` active; True where graded correct."""
+    deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
+    return np.array([bool(d["correct"]) for d in deployed])

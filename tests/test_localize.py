@@ -1,0 +1,121 @@
+"""The MLP-localization building blocks on tiny random models and hand-made tables."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformer_lens import HookedTransformer
+
+from conftest import tiny_config
+from reach_lens import localize
+from reach_lens.hooks import Route, Silence, hooks_for
+from reach_lens.models import encode
+
+
+@pytest.fixture
+def worded_model(tmp_path) -> HookedTransformer:
+    """A tiny random model with a whitespace word-level tokenizer (so text-level helpers run)."""
+    vocab = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(47)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                  pad_token="</s>")
+    tok.save_pretrained(tmp_path)  # TransformerLens re-loads tokenizers by name
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model = HookedTransformer(tiny_config(d_vocab=len(vocab)), tokenizer=tok, default_padding_side="right")
+    model.cfg.default_prepend_bos = False
+    return model.eval()
+
+
+def screened_table(n: int = 200, seed: int = 1) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"question_id": [f"q{i}" for i in range(n)], "recognized": rng.random(n) < 0.6,
+                         "generated": rng.random(n) < 0.4})
+
+
+def test_panels_follow_the_criterion_and_are_disjoint():
+    screened = screened_table()
+    panels = localize.build_panels(screened, seed=0)
+    by_id = screened.set_index("question_id")
+    for row in panels.itertuples():
+        rec, gen = by_id.loc[row.question_id, ["recognized", "generated"]]
+        assert rec and gen == (row.panel == "healthy")
+    assert panels.question_id.is_unique  # a question is in one panel and one role only
+    failure = set(screened.question_id[screened.recognized & ~screened.generated])
+    assert set(panels.question_id[panels.panel == "failure"]) == failure
+    assert {"calibration", "evaluation"} <= set(panels.role)
+
+
+def test_panels_depend_on_ids_only_not_on_order():
+    screened = screened_table()
+    a = localize.build_panels(screened, seed=3, max_evaluation=10)
+    b = localize.build_panels(screened.sample(frac=1.0, random_state=7), seed=3, max_evaluation=10)
+    key = ["panel", "role", "question_id"]
+    pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True))
+    assert (a[a.role == "evaluation"].groupby("panel").size() <= 10).all()
+    c = localize.build_panels(screened, seed=4)
+    assert set(c.question_id[c.role == "calibration"]) != set(a.question_id[a.role == "calibration"])
+
+
+def test_panel_rates_arithmetic():
+    results = pd.DataFrame({"panel": ["failure"] * 4 + ["healthy"] * 5,
+                            "correct": [True, False, True, False, True, True, False, True, True]})
+    rates = localize.panel_rates(results)
+    assert rates["repair"] == 0.5 and rates["repair_k"] == 2 and rates["repair_n"] == 4
+    assert rates["breakage"] == 0.2 and rates["breakage_k"] == 1 and rates["breakage_n"] == 5
+    assert rates["repair_lo"] < 0.5 < rates["repair_hi"]
+
+
+def test_silencing_a_layer_the_forward_does_not_use_changes_nothing(tiny_model):
+    tokens = torch.randint(0, 50, (3, 9))
+    skip_two = Route((0, 1, 3))
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([skip_two], tiny_model)):
+        routed = tiny_model(tokens)
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([skip_two, Silence("mlp", 2)], tiny_model)):
+        routed_and_silenced = tiny_model(tokens)
+    assert torch.equal(routed, routed_and_silenced)
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence("layer", 3)], tiny_model)):
+        partial = tiny_model(tokens, stop_at_layer=3)
+    assert torch.equal(partial, tiny_model(tokens, stop_at_layer=3))
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence("mlp", 2)], tiny_model)):
+        silenced = tiny_model(tokens)
+    assert not torch.allclose(silenced, tiny_model(tokens))  # the same silencing acts where the layer runs
+
+
+def test_last_prompt_logits_match_unpadded_forwards(worded_model):
+    prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9", "w10"]
+    batched = localize.last_prompt_logits(worded_model, prompts, batch_size=3)
+    for prompt, row in zip(prompts, batched):
+        alone = worded_model(torch.tensor([encode(worded_model, prompt)]))[0, -1]
+        assert torch.allclose(row, alone, atol=1e-5)
+
+
+def test_mlp_direction_is_the_mean_difference(worded_model):
+    fail, healthy = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"], ["w10 w11", "w12 w13 w14"]
+    v, info = localize.mlp_direction(worded_model, 2, fail, healthy, batch_size=2)
+    name = "blocks.2.hook_mlp_out"
+    acts = {p: worded_model.run_with_cache(torch.tensor([encode(worded_model, p)]))[1][name][0, -1] for p in fail + healthy}
+    raw = torch.stack([acts[p] for p in fail]).mean(0) - torch.stack([acts[p] for p in healthy]).mean(0)
+    assert torch.allclose(v, raw, atol=1e-5)
+    assert info["n_failure"] == 3 and info["n_healthy"] == 2
+    with pytest.raises(ValueError, match="both panels"):
+        localize.mlp_direction(worded_model, 2, fail, [])
+
+
+def test_planted_edit_lives_only_in_that_mlp(worded_model):
+    planted = localize.plant_answer_failure(worded_model, 2, target_token=7, strength=4.0, away_from=[4, 5, 6])
+    tokens = torch.tensor([encode(worded_model, "w1 w2 w3 w4")])
+    changed = {n for n, p in planted.state_dict().items() if not torch.equal(p, worded_model.state_dict()[n])}
+    assert changed == {"blocks.2.mlp.b_out"}
+    before, after = worded_model(tokens)[0, -1], planted(tokens)[0, -1]
+    assert (after[7] - after[4:7].mean()) > (before[7] - before[4:7].mean())  # pushes towards the target
+    silence = Silence("mlp", 2).hooks(worded_model)
+    with worded_model.hooks(fwd_hooks=silence):
+        base_silenced = worded_model(tokens)
+    with planted.hooks(fwd_hooks=Silence("mlp", 2).hooks(planted)):
+        planted_silenced = planted(tokens)
+    assert torch.equal(base_silenced, planted_silenced)  # silencing the block removes the edit entirely
+    with pytest.raises(ValueError, match="layer 9 out of range"):
+        localize.plant_answer_failure(worded_model, 9, 7, 1.0, [4])
