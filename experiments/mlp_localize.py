@@ -33,9 +33,11 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reach_lens import audit, localize, plots  # noqa: E402
+from reach_lens import audit, localize, plots, probes  # noqa: E402
 from reach_lens.hooks import Silence, Steer, Units, hooks_for, random_units, top_units_along, unit_output_mass  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
+from reach_lens.probes import prompt_ids  # noqa: E402
+from reach_lens.sampling import make_prefix  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
 
@@ -48,12 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task", default="arc_easy", help="multiple-choice task (arc_easy, arc_challenge, piqa, logiqa)")
     p.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the task's embedded data)")
     p.add_argument("--split", default=None, help="split (default: the task's default, validation for embedded data)")
-    p.add_argument("--n", type=int, default=400, help="questions screened (default 400; 0 = all)")
+    p.add_argument("--n", type=int, default=300, help="questions screened (default 300; 0 = all)")
     p.add_argument("--fmt", default="native", choices=("native", "shared"), help="generation prompt format")
     p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
                    help="rank options by summed or per-token log-likelihood")
     p.add_argument("--layers", default=None, help="layers to sweep, e.g. '0-29' or '10,12,14' (default: all)")
-    p.add_argument("--max-eval", type=int, default=40, help="cap on each evaluation panel (default 40)")
+    p.add_argument("--max-eval", type=int, default=24, help="cap on each evaluation panel (default 24)")
     p.add_argument("--calibration-share", type=float, default=0.5)
     p.add_argument("--alphas", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     p.add_argument("--unit-k", type=int, default=32)
@@ -90,27 +92,44 @@ def say(message: str) -> None:
 
 
 class Evaluator:
-    """Greedy generation of the evaluation panels under one condition, stored per question and resumable."""
+    """Greedy generation of the evaluation panels under one condition, stored per question and resumable.
 
-    def __init__(self, model, task, questions_by_id, panels: pd.DataFrame, fmt: str, store: RunStore, batch_size: int):
+    Every condition intervenes at one layer l, so layers < l of the prompts are those of the clean
+    model: their KV caches and ``blocks.{l}.hook_resid_pre`` are computed once (``make_prefix``) and
+    each condition prefills only layers >= l.
+    """
+
+    def __init__(self, model, task, questions_by_id, panels: pd.DataFrame, fmt: str, store: RunStore,
+                 batch_size: int, layers: list[int]):
         self.model, self.task, self.fmt, self.store, self.batch_size = model, task, fmt, store, batch_size
         evaluation = panels[panels.role == "evaluation"]
         self.panel_of = dict(zip(evaluation.question_id, evaluation.panel))
         self.questions = [questions_by_id[q] for q in evaluation.question_id]
+        self.layers = sorted(set(layers))
+        self._prefix = None
         done = store.read("evaluations", key="row_key")
         self.results = done
         self.done_conditions = set(done.condition) if len(done) else set()
 
-    def run(self, condition: str, interventions, panels=("failure", "healthy")) -> None:
+    def prefix(self):
+        if self._prefix is None:
+            say(f"caching clean prompt prefixes of {len(self.questions)} evaluation questions at {len(self.layers)} layers")
+            self._prefix = make_prefix(self.model, prompt_ids(self.model, self.task, self.questions, self.fmt), self.layers)
+        return self._prefix
+
+    def run(self, condition: str, interventions) -> None:
         if condition in self.done_conditions:
             return
-        questions = [q for q in self.questions if self.panel_of[q.id] in panels]
         hooks = hooks_for(interventions, self.model)
-        correct = localize.correct_under(self.model, self.task, questions, self.fmt, hooks, self.batch_size)
+        start = min((i.layer for i in interventions), default=None)
+        reuse = dict(start_layer=start, prefix=self.prefix()) if start in self.layers and start > 0 else {}
+        deployed = probes.deploy(self.model, self.task, self.questions, self.fmt, hooks=hooks,
+                                 batch_size=self.batch_size, **reuse)
         spec = json.dumps([i.to_dict() for i in interventions])
         rows = [{"row_key": f"{condition}|{q.id}", "condition": condition, "interventions": spec,
-                 "question_id": q.id, "panel": self.panel_of[q.id], "correct": bool(c)}
-                for q, c in zip(questions, correct)]
+                 "question_id": q.id, "panel": self.panel_of[q.id], "correct": bool(d["correct"]),
+                 "answer": d["answer"]}
+                for q, d in zip(self.questions, deployed)]
         self.store.append("evaluations", rows)
         self.results = pd.concat([self.results, pd.DataFrame(rows)], ignore_index=True)
         self.done_conditions.add(condition)
@@ -136,25 +155,34 @@ def screen_questions(model, task, questions, args, store: RunStore, table: str) 
 
 
 def plant(model, task, questions, args, store: RunStore):
-    """The planted checkpoint and the question pool it is studied on (questions the base model gets right)."""
+    """The planted checkpoint and the question pool it is studied on (questions the base model gets right).
+
+    The edit pushes every direct answer towards one letter, the pool's most frequent gold letter, at the
+    smallest bias strength that flips the first answer token of at least 90% of the other pool questions.
+    Those become the failure set whatever their margin (a weaker push would flip only the questions the
+    model held weakly, which also fall over when any MLP is silenced); questions whose gold is that
+    letter stay correct and form the healthy panel.
+    """
     base = screen_questions(model, task, questions, args, store, "screen_base")
     pool_ids = set(base.question_id[base.recognized & base.generated])
     pool = [q for q in questions if q.id in pool_ids]
     if len(pool) < 8:
         raise SystemExit(f"only {len(pool)} questions are recognized and generated by the base model; raise --n")
-    target = "D"
+    target = pd.Series([q.gold for q in pool]).value_counts().index[0]
     target_id = model.tokenizer.convert_tokens_to_ids(target)
-    away = [model.tokenizer.convert_tokens_to_ids(letter) for letter in "ABC"]
+    away = [model.tokenizer.convert_tokens_to_ids(letter) for letter in "ABCD" if letter != target]
     prompts = [task.prompt(q, args.fmt, model.tokenizer) for q in pool if q.gold != target]
-    strengths = [args.planted_strength] if args.planted_strength else [1, 2, 4, 8, 16, 32, 64]
-    for strength in strengths:
-        planted = localize.plant_answer_failure(model, args.planted, target_id, strength, away)
-        first = localize.last_prompt_logits(planted, prompts, args.batch_size).argmax(-1)
+    strengths = [args.planted_strength] if args.planted_strength else [2.0 ** i for i in range(8)]
+    push = localize.answer_push(model, target_id, away)
+    for strength in strengths:  # the bias edit acts exactly like steering at that MLP's output
+        hooks = Steer(args.planted, tuple(push.tolist()), strength).hooks(model)
+        first = localize.last_prompt_logits(model, prompts, args.batch_size, hooks=hooks).argmax(-1)
         flipped = float((first == target_id).float().mean())
         say(f"planted strength {strength:g}: first answer token is {target!r} on {flipped:.0%} of "
             f"{len(prompts)} pool questions whose gold is not {target!r}")
-        if flipped >= 0.5:
+        if flipped >= 0.9:
             break
+    planted = localize.plant_answer_failure(model, args.planted, push, strength)
     info = {"planted_layer": args.planted, "target": target, "strength": strength, "pool": len(pool),
             "first_token_flip_rate": flipped}
     return planted, pool, info
@@ -180,6 +208,7 @@ def main(argv=None) -> int:
         "study": "mlp_localize", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
         "task": args.task, "source": str(args.source), "split": args.split, "n": len(questions), "seed": args.seed,
         "format": args.fmt, "recognition": args.recognition, "temperature": 0.0, "probe": "greedy",
+        "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt)),
         "layers": layers, "max_eval": args.max_eval, "calibration_share": args.calibration_share,
         "alphas": args.alphas, "unit_k": args.unit_k, "random_seeds": args.random_seeds, "prune": args.prune,
         "planted": args.planted, "planted_strength": args.planted_strength,
@@ -194,6 +223,9 @@ def main(argv=None) -> int:
     planted_info = None
     if args.planted is not None:
         model, questions, planted_info = plant(model, task, questions, args, store)
+        # the planted checkpoint's results live in their own store, keyed by the edit actually made
+        store = RunStore(run_dir / "planted_model", {**protocol, "planted_strength": planted_info["strength"],
+                                                     "checkpoint": model_fingerprint(model)})
     questions_by_id = {q.id: q for q in questions}
 
     # 1. screen and panels, fixed before any intervention
@@ -213,7 +245,7 @@ def main(argv=None) -> int:
     if n_eval["failure"] == 0 or n_cal["failure"] == 0:
         raise SystemExit("no failure questions to study (recognition correct, generation wrong): raise --n")
 
-    evaluator = Evaluator(model, task, questions_by_id, panels, args.fmt, store, args.batch_size)
+    evaluator = Evaluator(model, task, questions_by_id, panels, args.fmt, store, args.batch_size, layers)
     evaluator.run("none", [])
 
     # 2. layer sweep
@@ -257,7 +289,7 @@ def main(argv=None) -> int:
 
     # 5. top units along v vs random units
     top = top_units_along(model, best, v, args.unit_k)
-    evaluator.run(f"units-top{args.unit_k}-{best}", [Units(best, tuple(top), "zero")], panels=("failure", "healthy"))
+    evaluator.run(f"units-top{args.unit_k}-{best}", [Units(best, tuple(top), "zero")])
     eval_fail = panels[(panels.role == "evaluation") & (panels.panel == "failure")].question_id
     post = localize.last_prompt_activations(model, [prompt_of[i] for i in eval_fail], f"blocks.{best}.mlp.hook_post",
                                             args.batch_size)
@@ -330,8 +362,11 @@ def summarize(args, tag, screened, panels, eligible, sweep, best, components, st
     if planted_info:
         lines += [f"Positive control: a direct-answer failure planted in the MLP of layer {planted_info['planted_layer']} "
                   f"(output-bias push towards {planted_info['target']!r}, strength {planted_info['strength']:g}; "
-                  f"first answer token flipped on {planted_info['first_token_flip_rate']:.0%} of the pool). "
-                  f"Pool: {planted_info['pool']} questions the unedited model recognizes and generates correctly.", ""]
+                  f"first answer token flipped on {planted_info['first_token_flip_rate']:.0%} of the pool questions whose gold is another letter). "
+                  f"Pool: {planted_info['pool']} questions the unedited model recognizes and generates correctly; "
+                  f"after the edit {screened.recognized.mean():.1%} of them are still recognized (recognition "
+                  f"moved by the edit: {1 - screened.recognized.mean():.1%}) and {screened.generated.mean():.1%} "
+                  "still generated.", ""]
     lines += [
         f"Screened n={len(screened)} questions ({args.task}, format {args.fmt}, recognition by {args.recognition} "
         f"log-likelihood): recognition {screened.recognized.mean():.1%}, greedy generation {screened.generated.mean():.1%}, "

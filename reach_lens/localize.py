@@ -151,25 +151,29 @@ def mlp_direction(model: HookedTransformer, layer: int, failure_prompts: Sequenc
     return v, info
 
 
-def plant_answer_failure(model: HookedTransformer, layer: int, target_token: int, strength: float,
-                         away_from: Sequence[int]) -> HookedTransformer:
-    """A copy of ``model`` whose MLP block at ``layer`` pushes direct answers towards ``target_token``.
+def answer_push(model: HookedTransformer, target_token: int, away_from: Sequence[int]) -> Float[Tensor, "d_model"]:
+    """A residual-stream direction that raises ``target_token``'s logit over the ``away_from`` tokens.
 
-    The edit is to the block's output bias only (a constant added to ``hook_mlp_out`` at every position):
-    ``b_out += strength * rms * u``, where ``u`` is the unit vector of
-    ``W_U[:, target] - mean(W_U[:, away_from])`` and ``rms`` is the residual stream's typical norm scale
-    (``sqrt(d_model)`` times the mean |W_E| entry norm, read off the embedding). Silencing that MLP block
-    removes the edit entirely; nothing else in the network changes.
+    The unit vector of ``W_U[:, target] - mean(W_U[:, away_from])``, times the mean norm of the token
+    embeddings (so that a strength of 1 is about one embedding's worth of push).
+    """
+    W_U = model.unembed.W_U.detach()
+    direction = W_U[:, target_token] - W_U[:, list(away_from)].mean(-1)
+    return direction / direction.norm() * model.W_E.detach().norm(dim=-1).mean()
+
+
+def plant_answer_failure(model: HookedTransformer, layer: int, push: Float[Tensor, "d_model"],
+                         strength: float) -> HookedTransformer:
+    """A copy of ``model`` whose MLP block at ``layer`` adds ``strength * push`` at every position.
+
+    The edit is to the block's output bias only, so its effect equals ``Steer(layer, push, strength)``
+    at ``hook_mlp_out`` and silencing that MLP block removes it entirely; nothing else changes.
     """
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer {layer} out of range for a {model.cfg.n_layers}-layer model (0..{model.cfg.n_layers - 1})")
     planted = copy.deepcopy(model)
-    W_U = planted.unembed.W_U.detach()
-    direction = W_U[:, target_token] - W_U[:, list(away_from)].mean(-1)
-    unit = direction / direction.norm()
-    scale = planted.W_E.detach().norm(dim=-1).mean()
     with torch.no_grad():
-        planted.blocks[layer].mlp.b_out.add_(strength * scale * unit)
+        planted.blocks[layer].mlp.b_out.add_(strength * push.to(planted.blocks[layer].mlp.b_out))
     planted.cfg.model_name = f"{model.cfg.model_name}-planted-L{layer}"
     return planted
 
@@ -178,20 +182,15 @@ def panel_rates(results: pd.DataFrame) -> dict:
     """Repair and breakage of one condition from its per-question results (columns panel, correct).
 
     Repair = share of the failure panel answered correctly; breakage = share of the healthy panel
-    answered wrongly; each with its Wilson 95% interval, count and n (``audit.Rate.to_dict``).
+    answered wrongly; each with its Wilson 95% interval, count and n (``audit.Rate.to_dict``). An empty
+    panel gives NaN rates with n = 0.
     """
     out = {}
-    fail = results.loc[results.panel == "failure", "correct"].to_numpy(bool)
-    healthy = results.loc[results.panel == "healthy", "correct"].to_numpy(bool)
-    if len(fail):
-        out.update(audit.repair_rate(np.zeros(len(fail), bool), fail).to_dict("repair"))
-    if len(healthy):
-        out.update(audit.breakage_rate(np.ones(len(healthy), bool), healthy).to_dict("breakage"))
+    for name, panel, rate in (("repair", "failure", audit.repair_rate), ("breakage", "healthy", audit.breakage_rate)):
+        after = results.loc[results.panel == panel, "correct"].to_numpy(bool)
+        before = np.full(len(after), panel == "healthy")
+        if len(after):
+            out.update(rate(before, after).to_dict(name))
+        else:
+            out.update({name: np.nan, f"{name}_lo": np.nan, f"{name}_hi": np.nan, f"{name}_n": 0, f"{name}_k": 0})
     return out
-
-
-def correct_under(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, hooks,
-                  batch_size: int = 16) -> np.ndarray:
-    """Greedy direct generation of every question with ``hooks`` active; True where graded correct."""
-    deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
-    return np.array([bool(d["correct"]) for d in deployed])

@@ -9,7 +9,7 @@ from transformer_lens import HookedTransformer
 
 from conftest import tiny_config
 from reach_lens import localize
-from reach_lens.hooks import Route, Silence, hooks_for
+from reach_lens.hooks import Route, Silence, Steer, hooks_for
 from reach_lens.models import encode
 
 
@@ -105,17 +105,20 @@ def test_mlp_direction_is_the_mean_difference(worded_model):
 
 
 def test_planted_edit_lives_only_in_that_mlp(worded_model):
-    planted = localize.plant_answer_failure(worded_model, 2, target_token=7, strength=4.0, away_from=[4, 5, 6])
+    push = localize.answer_push(worded_model, target_token=7, away_from=[4, 5, 6])
+    planted = localize.plant_answer_failure(worded_model, 2, push, strength=4.0)
     tokens = torch.tensor([encode(worded_model, "w1 w2 w3 w4")])
     changed = {n for n, p in planted.state_dict().items() if not torch.equal(p, worded_model.state_dict()[n])}
     assert changed == {"blocks.2.mlp.b_out"}
     before, after = worded_model(tokens)[0, -1], planted(tokens)[0, -1]
     assert (after[7] - after[4:7].mean()) > (before[7] - before[4:7].mean())  # pushes towards the target
-    silence = Silence("mlp", 2).hooks(worded_model)
-    with worded_model.hooks(fwd_hooks=silence):
+    with worded_model.hooks(fwd_hooks=Steer(2, tuple(push.tolist()), 4.0).hooks(worded_model)):
+        steered = worded_model(tokens)[0, -1]
+    assert torch.allclose(steered, after, atol=1e-4)  # the edit is steering at that MLP's output
+    with worded_model.hooks(fwd_hooks=Silence("mlp", 2).hooks(worded_model)):
         base_silenced = worded_model(tokens)
     with planted.hooks(fwd_hooks=Silence("mlp", 2).hooks(planted)):
         planted_silenced = planted(tokens)
     assert torch.equal(base_silenced, planted_silenced)  # silencing the block removes the edit entirely
     with pytest.raises(ValueError, match="layer 9 out of range"):
-        localize.plant_answer_failure(worded_model, 9, 7, 1.0, [4])
+        localize.plant_answer_failure(worded_model, 9, push, 1.0)

@@ -39,7 +39,7 @@ def test_mlp_localize_end_to_end_and_resume(tmp_path, monkeypatch):
 
     # a rerun over the same directory recomputes nothing and reproduces every table
     calls = []
-    monkeypatch.setattr(script.localize, "correct_under", lambda *a, **k: calls.append(1) or [])
+    monkeypatch.setattr(script.probes, "deploy", lambda *a, **k: calls.append(1) or [])
     monkeypatch.setattr(script.localize, "screen", lambda *a, **k: calls.append(1) or None)
     before = {n: pd.read_csv(run_dir / f"{n}.csv") for n in ("layer_sweep", "steering", "units", "panels")}
     assert script.main(args) == 0
@@ -51,8 +51,8 @@ def test_mlp_localize_end_to_end_and_resume(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_planted_failure_is_localized_to_its_mlp(tmp_path):
     script = load_script()
-    planted = 20
-    args = ["--planted", str(planted), "--n", "200", "--layers", "8,16,20,24", "--max-eval", "12",
+    planted = 24
+    args = ["--planted", str(planted), "--n", "200", "--layers", "9,16,20,24", "--max-eval", "12",
             "--alphas", "4", "--random-seeds", "2", "--unit-k", "8",
             "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
@@ -61,6 +61,6 @@ def test_planted_failure_is_localized_to_its_mlp(tmp_path):
     assert sweep.loc[(planted, "mlp"), "repair"] >= 0.8
     assert sweep.loc[(planted, "attn"), "repair"] <= 0.3
     assert sweep.loc[(planted, "mlp"), "breakage"] <= 0.34
-    other_mlps = [sweep.loc[(layer, "mlp"), "repair"] for layer in (8, 16, 24)]
+    other_mlps = [sweep.loc[(layer, "mlp"), "repair"] for layer in (9, 16, 20)]
     assert max(other_mlps) < sweep.loc[(planted, "mlp"), "repair"]
     assert "localized correctly" in (run_dir / "summary.md").read_text()

@@ -154,7 +154,9 @@ class MCTask(Task):
 
     def stop_strings(self, fmt: str) -> tuple[str, ...]:
         self.check_format(fmt)
-        return ("\n\n", "Question:") if fmt == "shared" else ()
+        # native answers look like "B. option text": the letter is decided before the first period or line
+        # break, so generation stops there (the text is cut before the stop string; "B" still grades)
+        return ("\n\n", "Question:") if fmt == "shared" else (".", "\n")
 
     def grade(self, q: Question, completion: str) -> Graded:
         letter = extract_letter(completion, q)
