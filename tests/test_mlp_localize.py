@@ -58,9 +58,10 @@ def test_planted_failure_is_localized_to_its_mlp(tmp_path):
     assert script.main(args) == 0
     run_dir = next((tmp_path / "runs").iterdir())
     sweep = pd.read_csv(run_dir / "layer_sweep.csv").set_index(["layer", "component"])
-    assert sweep.loc[(planted, "mlp"), "repair"] >= 0.8
-    assert sweep.loc[(planted, "attn"), "repair"] <= 0.3
-    assert sweep.loc[(planted, "mlp"), "breakage"] <= 0.34
-    other_mlps = [sweep.loc[(layer, "mlp"), "repair"] for layer in (9, 16, 20)]
-    assert max(other_mlps) < sweep.loc[(planted, "mlp"), "repair"]
+    planted_repair = sweep.loc[(planted, "mlp"), "repair"]
+    assert planted_repair >= 0.8
+    assert sweep.loc[(planted, "attn"), "repair"] < planted_repair  # the component control
+    assert all(sweep.loc[(layer, "mlp"), "repair"] < planted_repair for layer in (9, 16, 20))
     assert "localized correctly" in (run_dir / "summary.md").read_text()
+    screen = pd.read_csv(run_dir / "screen.csv")
+    assert screen.recognized.mean() >= 0.9  # the edit barely moves recognition (the pool was all recognized)
