@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-ARC_FILE = Path("/work/shared/data/arc/ARC-Easy-test.jsonl")
-LOGIQA_FILE = Path("/work/shared/data/logiqa/Test.txt")
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
+ARC_FILE = SHARED_DATA / "arc" / "ARC-Easy-test.jsonl"
+LOGIQA_FILE = SHARED_DATA / "logiqa" / "Test.txt"
 K, NEW_TOKENS, TEMPERATURE = 16, 32, 0.8
 MIN_LOGIQA_TOKENS = 280
 

@@ -141,7 +141,7 @@ def test_recognize_under_hooks_and_errors(model, arc, questions):
         recognize(model, get_task("gsm8k"), [Question("g1", "1+1?", "2")])
 
 
-ARC_FILE = Path("/work/shared/data/arc/ARC-Easy-test.jsonl")
+ARC_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "arc" / "ARC-Easy-test.jsonl"
 
 
 @pytest.mark.integration
