@@ -1,0 +1,68 @@
+"""Graded candidates of (question, route) pairs, memoized, and the reward function that drives searches.
+
+    ev = RouteEvaluator(model, task, questions, "native")
+    searches = [MCTS(make_space("skip_repeat", L), K=64, seed=s) for s in seeds]   # one per question
+    traces = run_searches(searches, ev.reward_fn(question_of=list(range(len(questions)))))
+    cand = ev.candidate(0, traces[0].routes[0])      # the full path's (greedy, unmodified) candidate
+
+A candidate is a dict `audit.make_record` accepts: `text`, `answer`, `correct` (`task.grade`), `mean_logprob`,
+`length`, plus `route` (list of layers), `entropy` (mean token entropy, nats), `hidden` (list of d_model
+floats: the residual entering ln_final where the last token was produced) and `finish_reason`.
+
+Every (question, route) pair is generated once per evaluator, whichever search or action space asks for it,
+so searches that share routes (all share the full path) share the cost. Rows of one call are generated
+together (`RouteGenerator`): different questions and routes share decode batches.
+"""
+from typing import Sequence
+
+from transformer_lens import HookedTransformer
+
+from reach_lens.hooks import validate_route
+from reach_lens.probes import prompt_ids
+from reach_lens.routing.decode import RouteGeneration, RouteGenerator
+from reach_lens.routing.search import BatchRewardFn
+from reach_lens.routing.spaces import Path
+from reach_lens.tasks import Question, Task
+
+
+def graded(task: Task, q: Question, gen: RouteGeneration, keep_hidden: bool = True) -> dict:
+    """The candidate dict of one generation (module docstring); `hidden` is None unless `keep_hidden`."""
+    text = gen.text if gen.text is not None else ""
+    g = task.grade(q, text)
+    return {"route": list(gen.route), "text": text, "answer": g.answer, "correct": bool(g.correct),
+            "mean_logprob": gen.mean_logprob, "length": len(gen.tokens), "entropy": gen.entropy,
+            "hidden": gen.hidden.float().tolist() if keep_hidden else None, "finish_reason": gen.finish_reason}
+
+
+class RouteEvaluator:
+    """Greedy candidates of `questions` under routes, in prompt format `fmt`, memoized per (question index, route)."""
+
+    def __init__(self, model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
+                 batch_size: int = 16, keep_hidden: bool = True):
+        self.model, self.task, self.questions, self.keep_hidden = model, task, list(questions), keep_hidden
+        self.prompts = prompt_ids(model, task, self.questions, fmt)
+        self.generator = RouteGenerator(model, task.max_new_tokens(fmt), task.stop_strings(fmt),
+                                        batch_size=batch_size, cache_prompts=max(len(self.questions), 1))
+        self.memo: dict[tuple[int, Path], dict] = {}
+
+    def evaluate(self, pairs: Sequence[tuple[int, Sequence[int]]]) -> list[dict]:
+        """Candidates of (question index, route) pairs, generating the ones not seen before in one call."""
+        n_layers = self.model.cfg.n_layers
+        keys = [(int(i), validate_route(r, n_layers)) for i, r in pairs]
+        bad = [i for i, _ in keys if not 0 <= i < len(self.questions)]
+        if bad:
+            raise ValueError(f"question index {bad[0]} out of range (0..{len(self.questions) - 1})")
+        new = list(dict.fromkeys(k for k in keys if k not in self.memo))
+        if new:
+            for key, gen in zip(new, self.generator(self.prompts, new)):
+                self.memo[key] = graded(self.task, self.questions[key[0]], gen, self.keep_hidden)
+        return [self.memo[k] for k in keys]
+
+    def candidate(self, question: int, route: Sequence[int]) -> dict:
+        return self.evaluate([(question, route)])[0]
+
+    def reward_fn(self, question_of: Sequence[int]) -> BatchRewardFn:
+        """Reward (1.0 correct, 0.0 not) for `run_searches`, whose search i works on question `question_of[i]`."""
+        def reward(pairs: list[tuple[int, Path]]) -> list[float]:
+            return [float(c["correct"]) for c in self.evaluate([(question_of[s], p) for s, p in pairs])]
+        return reward
