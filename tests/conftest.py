@@ -39,6 +39,19 @@ def make_tiny_model(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> Hook
     return model
 
 
+@pytest.fixture(autouse=True)
+def one_thread_for_unit_tests(request):
+    """Tiny-model ops gain nothing from a second thread, and on a busy 2-core machine it can stall every op
+    (measured ~100x); integration tests on the embedded model keep torch's own thread count."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_model() -> HookedTransformer:
     return make_tiny_model()

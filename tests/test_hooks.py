@@ -24,15 +24,6 @@ P = 6  # prompt length
 CACHE_TOL = dict(atol=1e-4, rtol=1e-5)  # cached vs uncached float32 forwards: same math, other kernel shapes
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny-model ops are too small for two threads: on a busy 2-core machine one thread is ~100x faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return make_tiny_model()

@@ -30,15 +30,6 @@ class CharTokenizer:
         return "".join("\n" if i == 98 else chr(i - 3 + 32) for i in ids if i >= 3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared machine a second thread can stall every op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model() -> HookedTransformer:
     m = make_tiny_model(d_vocab=100)

@@ -28,14 +28,6 @@ class CharTokenizer:
         return "".join("\n" if i == 98 else chr(i - 3 + 32) for i in ids if i >= 3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return make_tiny_model(n_layers=4, d_vocab=50)

@@ -32,15 +32,6 @@ def letters(ids: list[int]) -> str:
     return "".join(chr(ord("a") + t % 26) for t in ids)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared machine a second thread can stall every op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model() -> HookedTransformer:
     return make_tiny_model()
