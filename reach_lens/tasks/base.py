@@ -184,6 +184,32 @@ class Task(ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+class ReasoningTask(Task):
+    """A free-form task answered after a chain of thought: one prompt pair and one generation budget.
+
+    Subclasses set ``native_instruction`` (appended to the question in the chat template),
+    ``shared_instruction`` (in the plain prompt) and ``reasoning_max_new_tokens``.
+    """
+
+    native_instruction: str
+    shared_instruction: str
+    reasoning_max_new_tokens: int
+
+    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
+        self.check_format(fmt)
+        if fmt == "native":
+            return chat_prompt(tokenizer, f"{q.question}\n\n{self.native_instruction}")
+        return f"Question: {q.question}\n{self.shared_instruction}\nAnswer: Let's think step by step."
+
+    def max_new_tokens(self, fmt: str) -> int:
+        self.check_format(fmt)
+        return self.reasoning_max_new_tokens
+
+    def stop_strings(self, fmt: str) -> tuple[str, ...]:
+        self.check_format(fmt)
+        return ("Question:", "\n\n\n") if fmt == "shared" else ()
+
+
 def chat_prompt(tokenizer: Any, content: str) -> str:
     """``content`` as one user turn in the tokenizer's chat template, ready for the assistant's reply."""
     if tokenizer is None or getattr(tokenizer, "chat_template", "") is None:

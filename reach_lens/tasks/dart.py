@@ -31,7 +31,7 @@ from typing import Any
 from math_verify import parse, verify
 
 from reach_lens.tasks import sources
-from reach_lens.tasks.base import Graded, MalformedRow, Question, Task, chat_prompt
+from reach_lens.tasks.base import Graded, MalformedRow, Question, ReasoningTask
 from reach_lens.tasks.sources import Row
 
 MAX_NEW_TOKENS = 512  # competition solutions run longer than GSM8K's; 256 truncates many MATH-500 answers
@@ -178,7 +178,10 @@ def extract_answer(completion: str) -> str | None:
     return str(parsed[1]) if len(parsed) > 1 else None
 
 
-class DartMathTask(Task):
+class DartMathTask(ReasoningTask):
+    native_instruction = NATIVE_INSTRUCTION
+    shared_instruction = SHARED_INSTRUCTION
+    reasoning_max_new_tokens = MAX_NEW_TOKENS
     name = "dart"
     kind = "math"
     default_split = "test"
@@ -207,20 +210,6 @@ class DartMathTask(Task):
             raise MalformedRow(f"expected a JSON object, got {type(data).__name__}")
         qid, question, answer = _record_fields(data)
         return Question(qid, question, answer)
-
-    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
-        self.check_format(fmt)
-        if fmt == "native":
-            return chat_prompt(tokenizer, f"{q.question}\n\n{NATIVE_INSTRUCTION}")
-        return f"Question: {q.question}\n{SHARED_INSTRUCTION}\nAnswer: Let's think step by step."
-
-    def max_new_tokens(self, fmt: str) -> int:
-        self.check_format(fmt)
-        return MAX_NEW_TOKENS
-
-    def stop_strings(self, fmt: str) -> tuple[str, ...]:
-        self.check_format(fmt)
-        return ("Question:", "\n\n\n") if fmt == "shared" else ()
 
     def grade(self, q: Question, completion: str) -> Graded:
         answer = extract_answer(completion)

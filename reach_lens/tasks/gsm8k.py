@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
-from reach_lens.tasks.base import Graded, MalformedRow, Question, Task, chat_prompt
+from reach_lens.tasks.base import Graded, MalformedRow, Question, ReasoningTask
 from reach_lens.tasks.sources import Row
 
 MAX_NEW_TOKENS = 256  # room for a short chain of thought; GSM8K reference solutions average ~120 tokens
@@ -58,7 +58,10 @@ def extract_number(completion: str) -> str | None:
     return _last_number(completion)
 
 
-class GSM8KTask(Task):
+class GSM8KTask(ReasoningTask):
+    native_instruction = NATIVE_INSTRUCTION
+    shared_instruction = SHARED_INSTRUCTION
+    reasoning_max_new_tokens = MAX_NEW_TOKENS
     name = "gsm8k"
     kind = "numeric"
     default_split = "test"
@@ -86,20 +89,6 @@ class GSM8KTask(Task):
         if gold is None:
             raise MalformedRow(f"final answer {raw!r} after '####' is not a number")
         return Question(f"gsm8k-{split}-{index}", question.strip(), gold)
-
-    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
-        self.check_format(fmt)
-        if fmt == "native":
-            return chat_prompt(tokenizer, f"{q.question}\n\n{NATIVE_INSTRUCTION}")
-        return f"Question: {q.question}\n{SHARED_INSTRUCTION}\nAnswer: Let's think step by step."
-
-    def max_new_tokens(self, fmt: str) -> int:
-        self.check_format(fmt)
-        return MAX_NEW_TOKENS
-
-    def stop_strings(self, fmt: str) -> tuple[str, ...]:
-        self.check_format(fmt)
-        return ("Question:", "\n\n\n") if fmt == "shared" else ()
 
     def grade(self, q: Question, completion: str) -> Graded:
         answer = extract_number(completion)
