@@ -9,7 +9,8 @@ Steps (each result is stored in the run directory as it is computed; rerunning r
     direct generation; fix the failure set and the healthy panel, split into calibration/evaluation;
  2. layer sweep on the evaluation panels: silence the MLP, the attention, or the whole layer at every
     layer; repair = share of failures now answered correctly, breakage = share of healthy now wrong;
- 3. the component table at the layer with the largest MLP repair;
+ 3. the component table at the identified MLP block: by default the largest MLP repair minus healthy
+    breakage (``--layer-rule repair``: the paper's largest MLP repair); the summary names both;
  4. steering along v (calibration failure-minus-healthy mean MLP output): -alpha*v on failures
     (rescue), +alpha*v on healthy questions (induction);
  5. top-k units along v versus random-k units: repair when only those units are silenced, normalized
@@ -55,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
                    help="rank options by summed or per-token log-likelihood")
     p.add_argument("--layers", default=None, help="layers to sweep, e.g. '0-29' or '10,12,14' (default: all)")
+    p.add_argument("--layer-rule", default="net", choices=localize.LAYER_RULES,
+                   help="identified MLP block: largest repair minus breakage ('net', default) or largest repair "
+                        "('repair', the paper's rule)")
     p.add_argument("--max-eval", type=int, default=24, help="cap on each evaluation panel (default 24)")
     p.add_argument("--calibration-share", type=float, default=0.5)
     p.add_argument("--alphas", type=float, nargs="+", default=[2.0, 4.0, 8.0])
@@ -254,9 +258,10 @@ def main(argv=None) -> int:
         evaluator.run(f"silence-{component}-{layer}", [Silence(component, layer)])
     sweep = pd.DataFrame([{"layer": layer, "component": c, **evaluator.rates(f"silence-{c}-{layer}")}
                           for c, layer in conditions])
-    mlp = sweep[sweep.component == "mlp"].sort_values(["repair", "breakage", "layer"], ascending=[False, True, True])
-    best = int(mlp.iloc[0].layer)
-    say(f"largest MLP repair at layer {best}: {mlp.iloc[0].repair:.1%} of {n_eval['failure']} failures")
+    best = localize.identify_layer(sweep, args.layer_rule)
+    row = sweep[(sweep.component == "mlp") & (sweep.layer == best)].iloc[0]
+    say(f"identified MLP {best} (rule '{args.layer_rule}'): repair {row.repair:.1%} of {n_eval['failure']} failures, "
+        f"breakage {row.breakage:.1%} of {n_eval['healthy']} healthy")
 
     # 3. component table at the identified layer
     components = sweep[sweep.layer == best].set_index("component").loc[list(COMPONENTS)].reset_index()
@@ -350,6 +355,23 @@ def pooled_unit_arms(unit_table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def layer_choice_sentence(sweep: pd.DataFrame, best: int, rule: str) -> str:
+    """Which MLP block was identified and by which rule, naming the other rule's choice when it differs."""
+    mlp = sweep[sweep.component == "mlp"].set_index("layer")
+    other_rule = "repair" if rule == "net" else "net"
+    other = localize.identify_layer(sweep, other_rule)
+    describe = {"net": "largest MLP repair minus healthy breakage", "repair": "largest MLP repair (the paper's rule)"}
+    text = (f"Identified MLP {best} by {describe[rule]}: repair {mlp.loc[best, 'repair']:.1%}, breakage "
+            f"{mlp.loc[best, 'breakage']:.1%}.")
+    if other != best:
+        text += (f" The {describe[other_rule]} is MLP {other} (repair {mlp.loc[other, 'repair']:.1%}, breakage "
+                 f"{mlp.loc[other, 'breakage']:.1%}).")
+    net = mlp.repair - mlp.breakage
+    if net.max() <= 0:
+        text += " No MLP block repairs more failures than it breaks healthy answers."
+    return text
+
+
 def _pct(rate: float, lo: float, hi: float, k: int, n: int) -> str:
     return f"{rate:.1%} ({int(k)}/{int(n)}; 95% CI {lo:.1%}-{hi:.1%})"
 
@@ -377,7 +399,7 @@ def summarize(args, tag, screened, panels, eligible, sweep, best, components, st
         "from calibration questions only.",
         "",
         f"## Layer sweep ({len(sweep.layer.unique())} layers x MLP / attention / whole layer)",
-        f"Largest MLP repair at layer {best}.",
+        layer_choice_sentence(sweep, best, args.layer_rule),
         "",
         "| component at layer %d | repair of failures | breakage of healthy |" % best,
         "|---|---|---|",

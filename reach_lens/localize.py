@@ -194,3 +194,23 @@ def panel_rates(results: pd.DataFrame) -> dict:
         else:
             out.update({name: np.nan, f"{name}_lo": np.nan, f"{name}_hi": np.nan, f"{name}_n": 0, f"{name}_k": 0})
     return out
+
+
+LAYER_RULES = ("net", "repair")
+
+
+def identify_layer(sweep: pd.DataFrame, rule: str = "net") -> int:
+    """The MLP block the study goes on with, from the layer sweep (columns layer, component, repair, breakage).
+
+    ``"repair"`` is the paper's rule: the largest MLP repair. ``"net"`` (default) takes the largest MLP
+    repair minus healthy breakage, so a block whose silencing breaks the model everywhere (repairing
+    failures by changing every answer) is not taken for a locus. Ties go to lower breakage, then the lower layer.
+    """
+    if rule not in LAYER_RULES:
+        raise ValueError(f"layer rule {rule!r} unknown; expected one of {LAYER_RULES}")
+    mlp = sweep[sweep.component == "mlp"]
+    if not len(mlp):
+        raise ValueError("the sweep has no MLP rows (component == 'mlp'); cannot identify a layer")
+    score = mlp.repair - mlp.breakage if rule == "net" else mlp.repair
+    ranked = mlp.assign(score=score).sort_values(["score", "breakage", "layer"], ascending=[False, True, True])
+    return int(ranked.iloc[0].layer)

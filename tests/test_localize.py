@@ -68,6 +68,18 @@ def test_panel_rates_arithmetic():
     assert rates["repair_lo"] < 0.5 < rates["repair_hi"]
 
 
+def test_identified_layer_weighs_breakage_unless_the_paper_rule_is_asked():
+    sweep = pd.DataFrame({"layer": [0, 1, 2, 0], "component": ["mlp", "mlp", "mlp", "attn"],
+                          "repair": [0.9, 0.5, 0.5, 1.0], "breakage": [1.0, 0.1, 0.0, 0.0]})
+    assert localize.identify_layer(sweep, "repair") == 0   # largest MLP repair, breaks every healthy answer
+    assert localize.identify_layer(sweep, "net") == 2      # repair - breakage; attention rows never count
+    assert localize.identify_layer(sweep.assign(breakage=0.1), "net") == 0
+    with pytest.raises(ValueError, match="'biggest'"):
+        localize.identify_layer(sweep, "biggest")
+    with pytest.raises(ValueError, match="no MLP rows"):
+        localize.identify_layer(sweep[sweep.component == "attn"])
+
+
 def test_silencing_a_layer_the_forward_does_not_use_changes_nothing(tiny_model):
     tokens = torch.randint(0, 50, (3, 9))
     skip_two = Route((0, 1, 3))
