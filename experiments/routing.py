@@ -15,8 +15,13 @@ Outputs (run directory and --figures; n and K are on every figure):
   first k, per method, with the random-route vote@k and the deployed D (Figure 1);
 - random_minus_structured.csv, direction_counts.csv, routing_random_minus_structured.png: per cell,
   O_random(K) - O_structured(K) and how many cells go each way, per action space (Figure 2);
-- table1.csv: percentage points over the unmodified model (Table 1): random vote@16, MCTS oracle@50,
-  random oracle@K, in the Dr.LLM skip/repeat space. The learned router column is not computed (NaN).
+- table1.csv: percentage points over the unmodified model (Table 1): learned router, random vote@16,
+  MCTS oracle@50, random oracle@K, in the Dr.LLM skip/repeat space. The learned router
+  (`reach_lens.routing.router`) maps a question's prompt representation (mean mid-depth residual of the
+  cell's model) to per-layer skip/keep/repeat; it is trained on the routes the searches of this run found
+  correct in that space, pooled over the model's tasks and cross-fitted over questions (5 folds), so each
+  question's route comes from a router that never saw that question's search results. Its greedy answer
+  under the predicted route is graded like any candidate (deployable: the gold answer only trains it).
 Format collapse: a cell (model, task, space) whose random-route candidates fail answer extraction more often
 than --collapse-threshold is flagged, left out of the clean counts and medians, and drawn hollow.
 """
@@ -39,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from reach_lens.audit import bootstrap_ci  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
-from reach_lens.probes import question_seed  # noqa: E402
-from reach_lens.routing import METHODS, SPACES, RouteEvaluator, make_space, run_searches  # noqa: E402
+from reach_lens.probes import prompt_ids, question_seed  # noqa: E402
+from reach_lens.routing import METHODS, SPACES, RouteEvaluator, cross_fit_router, make_space, run_searches  # noqa: E402
 from reach_lens.select import majority_vote  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
@@ -105,14 +110,22 @@ def search_chunk(model, task, questions, args) -> tuple[list[dict], list[dict]]:
     return trace_rows, cand_rows
 
 
-def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
-    task = get_task(task_name)
-    questions = subsample(task.load(args.source, args.split), args.n, args.seed)
+def cell_store(model, model_label: str, task_name: str, questions, args) -> RunStore:
     protocol = {"study": "routing", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
                 "task": task_name, "source": str(args.source), "split": args.split, "n": len(questions),
                 "seed": args.seed, "format": args.fmt, "K": args.K, "spaces": args.spaces, "methods": args.methods,
                 "probe": "greedy under routes", "reward": "greedy correctness"}
-    store = RunStore(args.out / f"{model_label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}", protocol)
+    return RunStore(args.out / f"{model_label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}", protocol)
+
+
+def cell_questions(task_name: str, args):
+    task = get_task(task_name)
+    return task, subsample(task.load(args.source, args.split), args.n, args.seed)
+
+
+def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
+    task, questions = cell_questions(task_name, args)
+    store = cell_store(model, model_label, task_name, questions, args)
     done = store.done("traces") if (store.root / "traces").exists() else set()
     todo = [q for q in questions if q.id not in done]
     for start in range(0, len(todo), args.chunk):
@@ -124,6 +137,43 @@ def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFram
         print(f"  {model_label} {task_name}: questions {start + 1}-{start + len(part)} of {len(todo)} "
               f"({len(cand_rows)} routes generated) in {time.time() - t0:.0f} s", flush=True)
     return store.read("traces", key=None), store.read("candidates", key=None)
+
+
+def learned_router(model, model_label: str, traces: dict[str, pd.DataFrame], args) -> dict[str, dict[str, bool]]:
+    """Correctness of the cross-fitted learned router's route per question, per task of one model.
+
+    Trained on the (route, reward) pairs of every search in the Table-1 space; the candidates of predicted
+    routes the searches never evaluated are generated once and stored in the cell's `router` table.
+    """
+    space = table1_space(args)
+    cells, found, stores = {}, {}, {}
+    for task_name, tr in traces.items():
+        task, questions = cell_questions(task_name, args)
+        cells[task_name] = (prompt_ids(model, task, questions, args.fmt), [q.id for q in questions])
+        stores[task_name] = (task, questions, cell_store(model, model_label, task_name, questions, args))
+        tr = tr[tr.space == space]
+        for q in questions:
+            g = tr[tr.question_id == q.id]
+            found[(task_name, q.id)] = [(tuple(r), w) for routes, rewards in zip(g.routes, g.rewards)
+                                        for r, w in zip(routes, rewards)]
+    predicted = cross_fit_router(model, cells, found, seed=args.seed)
+    out = {}
+    for task_name, (task, questions, store) in stores.items():
+        known = {(qid, tuple(r)): bool(c) for qid, r, c in zip(*(
+            pd.concat([store.read("candidates", key=None), store.read("router", key=None)])[col]
+            for col in ("question_id", "route", "correct")))}
+        todo = [(i, predicted[(task_name, q.id)]) for i, q in enumerate(questions)
+                if (q.id, predicted[(task_name, q.id)]) not in known]
+        if todo:
+            ev = RouteEvaluator(model, task, questions, args.fmt, batch_size=args.batch_size, keep_hidden=False)
+            rows = [{"question_id": questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
+                    for (i, _), c in zip(todo, ev.evaluate(todo))]
+            store.append("router", rows)
+            known.update({(r["question_id"], tuple(r["route"])): r["correct"] for r in rows})
+        out[task_name] = {q.id: known[(q.id, predicted[(task_name, q.id)])] for q in questions}
+    n_moved = sum(p != tuple(range(model.cfg.n_layers)) for p in predicted.values())
+    print(f"  {model_label}: learned router leaves the full path on {n_moved} of {len(predicted)} questions", flush=True)
+    return out
 
 
 # ---------------------------------------------------------------- analysis
@@ -205,24 +255,28 @@ def analyse(cells: dict, args) -> dict[str, pd.DataFrame]:
             "table1": table1(cells, args)}
 
 
+def table1_space(args) -> str:
+    return TABLE1_SPACE if TABLE1_SPACE in args.spaces else args.spaces[0]
+
+
 def table1(cells: dict, args) -> pd.DataFrame:
     """pp over the unmodified model per (model, task) and pooled over tasks, in the Dr.LLM space."""
-    space = TABLE1_SPACE if TABLE1_SPACE in args.spaces else args.spaces[0]
+    space = table1_space(args)
     K, vote_k, mcts_k = args.K, min(args.vote_k, args.K), min(args.mcts_k, args.K)
     rows = []
     for model_label in dict.fromkeys(m for m, _ in cells):
         per_task = {t: pq for (m, t), pq in cells.items() if m == model_label}
-        values = {t: {"D": pq["D"], "vote": pq["vote"][space][:, vote_k - 1],
+        values = {t: {"D": pq["D"], "router": pq["router"], "vote": pq["vote"][space][:, vote_k - 1],
                       "random": pq["oracle"][(space, "random")][:, -1],
                       "mcts": pq["oracle"][(space, "mcts")][:, mcts_k - 1] if "mcts" in args.methods else None}
                   for t, pq in per_task.items()}
         values["pool"] = {k: None if values[next(iter(per_task))][k] is None
-                          else np.concatenate([values[t][k] for t in per_task]) for k in ("D", "vote", "random", "mcts")}
+                          else np.concatenate([values[t][k] for t in per_task]) for k in ("D", "router", "vote", "random", "mcts")}
         for t, v in values.items():
             D = v["D"]
             pp = lambda x: float("nan") if x is None else 100.0 * float(np.mean(x - D))  # noqa: E731
             rows.append({"model": model_label, "task": t, "space": space, "n": len(D), "D": float(D.mean()),
-                         "learned_router_pp": float("nan"), f"random_vote@{vote_k}_pp": pp(v["vote"]),
+                         "learned_router_pp": pp(v["router"]), f"random_vote@{vote_k}_pp": pp(v["vote"]),
                          f"mcts_oracle@{mcts_k}_pp": pp(v["mcts"]), f"random_oracle@{K}_pp": pp(v["random"])})
     return pd.DataFrame(rows)
 
@@ -308,9 +362,14 @@ def main(argv=None) -> int:
     cells = {}
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
+        traces = {}
         for task_name in args.tasks:
-            traces, cands = run_cell(model, label, task_name, args)
-            cells[(label, task_name)] = per_question(traces, cands, args.K, n_layers)
+            traces[task_name], cands = run_cell(model, label, task_name, args)
+            cells[(label, task_name)] = per_question(traces[task_name], cands, args.K, n_layers)
+        router = learned_router(model, label, traces, args)
+        for task_name in args.tasks:
+            pq = cells[(label, task_name)]
+            pq["router"] = np.array([float(router[task_name][q]) for q in pq["qids"]])
         if model is not base:
             del model
     tables = analyse(cells, args)
@@ -330,7 +389,7 @@ def main(argv=None) -> int:
     print(f"\nRandom minus structured oracle at K={args.K} (clean cells; format-collapse threshold "
           f"{args.collapse_threshold:.0%} unextractable answers among random-route candidates):")
     print(tables["direction_counts"].to_string(index=False))
-    print("\nTable 1 (pp over the unmodified model; learned router not run):")
+    print("\nTable 1 (pp over the unmodified model):")
     print(tables["table1"].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\n[routing] {(time.time() - started) / 60:.1f} min wall time; tables and figures in {out_dir}, "
           f"figures also in {args.figures}")

@@ -9,7 +9,10 @@ Per question, two candidate sets of K answers, each with the greedy unmodified a
 Each answer-blind channel of `reach_lens.select` (majority vote, likelihood-weighted vote, highest mean
 log-prob, lowest entropy, hidden-state medoid) picks one candidate without the gold answer; its recovery is
 (selector - greedy) / (oracle - greedy), per cell (undefined where the oracle gains nothing). The sixth
-channel of the paper, a learned router, is not run here.
+channel, the learned router (route candidates only), predicts one route per question from the prompt's
+representation; it is trained on the random routes found correct on the other questions of the same model
+(pooled over tasks, 5-fold cross-fitting), and its greedy answer under that route is graded. Its route need
+not be among the question's K candidates, so its recovery is not bounded by 1.
 
 Outputs (run directory and --figures): recovery.csv and selection_recovery_*.png (Figure 3a: recovery per
 channel, route candidates vs temperature samples at --T); temperature_gap.csv and selection_temperature_*.png
@@ -35,9 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from reach_lens import audit, plots  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
-from reach_lens.probes import question_seed  # noqa: E402
-from reach_lens.routing import SPACES, RandomSearch, RouteEvaluator, graded, make_space, run_searches  # noqa: E402
-from reach_lens.select import SELECTORS, recovery_table  # noqa: E402
+from reach_lens.probes import prompt_ids, question_seed  # noqa: E402
+from reach_lens.routing import (  # noqa: E402
+    SPACES, RandomSearch, RouteEvaluator, cross_fit_router, graded, make_space, run_searches)
+from reach_lens.select import SELECTORS, recovery, recovery_table  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
 
@@ -91,7 +95,12 @@ def sample_records(ev: RouteEvaluator, questions, T: float, args) -> list[dict]:
     return records
 
 
-def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]:
+ROUTER = "learned_router"
+CHANNELS = [*SELECTORS, ROUTER]
+
+
+def cell_stores(model, label: str, task_name: str, args):
+    """The task, its questions and one store per probe ("routes", "T<temperature>") of a cell."""
     task = get_task(task_name)
     questions = subsample(task.load(args.source, args.split), args.n, args.seed)
     base = {"study": "selection", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
@@ -100,16 +109,20 @@ def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]
     root = args.out / f"{label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}"
     probes = {"routes": {**base, "probe": f"greedy under random routes ({args.space})"}}
     probes.update({f"T{T:g}": {**base, "probe": "sample", "T": T} for T in sorted(set(args.temperatures) | {args.T})})
+    return task, questions, {name: RunStore(root / name, protocol) for name, protocol in probes.items()}
+
+
+def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]:
+    task, questions, stores = cell_stores(model, label, task_name, args)
     out = {}
-    for name, protocol in probes.items():
-        store = RunStore(root / name, protocol)
+    for name, store in stores.items():
         done = store.done("records") if (store.root / "records").exists() else set()
         todo = [q for q in questions if q.id not in done]
         for start in range(0, len(todo), args.chunk):
             part = todo[start:start + args.chunk]
             t0 = time.time()
             ev = RouteEvaluator(model, task, part, args.fmt, batch_size=args.batch_size)
-            records = route_records(ev, part, args) if name == "routes" else sample_records(ev, part, protocol["T"], args)
+            records = route_records(ev, part, args) if name == "routes" else sample_records(ev, part, float(name[1:]), args)
             store.append("records", records)
             print(f"  {label} {task_name} {name}: {start + len(part)}/{len(todo)} questions in {time.time() - t0:.0f} s",
                   flush=True)
@@ -117,9 +130,49 @@ def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]
     return out
 
 
+def learned_router_rows(model, label: str, route_records: dict[str, pd.DataFrame], args) -> list[dict]:
+    """Recovery of the cross-fitted learned router on the route probe of every task of one model.
+
+    Predicted routes that are not among a question's candidates are generated once and stored in the cell's
+    `router` table (a rerun generates nothing).
+    """
+    cells, found, known = {}, {}, {}
+    for task_name, records in route_records.items():
+        task, questions, stores = cell_stores(model, label, task_name, args)
+        by_id = records.set_index("question_id")
+        cells[task_name] = (prompt_ids(model, task, questions, args.fmt), [q.id for q in questions])
+        for q in questions:
+            cands = by_id.loc[q.id, "candidates"]
+            found[(task_name, q.id)] = [(tuple(c["route"]), float(c["correct"])) for c in cands]
+            known.update({(task_name, q.id, tuple(c["route"])): bool(c["correct"]) for c in cands})
+        stored = stores["routes"].read("router", key=None)
+        known.update({(task_name, qid, tuple(r)): bool(c) for qid, r, c in
+                      zip(stored.get("question_id", []), stored.get("route", []), stored.get("correct", []))})
+    predicted = cross_fit_router(model, cells, found, seed=args.seed)
+    rows = []
+    for task_name, records in route_records.items():
+        task, questions, stores = cell_stores(model, label, task_name, args)
+        todo = [(i, predicted[(task_name, q.id)]) for i, q in enumerate(questions)
+                if (task_name, q.id, predicted[(task_name, q.id)]) not in known]
+        if todo:
+            ev = RouteEvaluator(model, task, questions, args.fmt, batch_size=args.batch_size, keep_hidden=False)
+            new = [{"question_id": questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
+                   for (i, _), c in zip(todo, ev.evaluate(todo))]
+            stores["routes"].append("router", new)
+            known.update({(task_name, r["question_id"], tuple(r["route"])): r["correct"] for r in new})
+        acc = float(np.mean([known[(task_name, q.id, predicted[(task_name, q.id)])] for q in questions]))
+        greedy, oracle = float(records.d.mean()), float(records.o.mean())
+        rows.append({"selector": ROUTER, "n": len(records), "K": int(records.K.iloc[0]), "greedy": greedy,
+                     "oracle": oracle, "selector_acc": acc, "recovery": recovery(acc, greedy, oracle),
+                     "model": label, "task": task_name, "probe": "routes"})
+    moved = sum(p != tuple(range(model.cfg.n_layers)) for p in predicted.values())
+    print(f"  {label}: learned router leaves the full path on {moved} of {len(predicted)} questions", flush=True)
+    return rows
+
+
 def plot_recovery(rec: pd.DataFrame, T: float, paths: list[Path]) -> None:
-    channels = list(SELECTORS)
-    fig = Figure(figsize=(8, 3.8))
+    channels = CHANNELS
+    fig = Figure(figsize=(9, 3.8))
     ax = fig.add_subplot()
     probes = [("routes", "route candidates", "tab:blue", -0.15), (f"T{T:g}", f"samples, T={T:g}", "tab:orange", 0.15)]
     for probe, label, color, dx in probes:
@@ -139,7 +192,7 @@ def plot_recovery(rec: pd.DataFrame, T: float, paths: list[Path]) -> None:
     ax.legend(fontsize=8)
     n = f"{rec.n.min()}" if rec.n.min() == rec.n.max() else f"{rec.n.min()}-{rec.n.max()}"
     ax.set_title(f"Answer-blind recovery per model x task cell (dots) and median (bars); n={n} per cell, "
-                 f"K={rec.K.max()}\ncells with oracle = greedy have no recovery; learned router not run", fontsize=8)
+                 f"K={rec.K.max()}\ncells with oracle = greedy have no recovery; the learned router picks routes only", fontsize=8)
     FigureCanvasAgg(fig)
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,8 +230,10 @@ def main(argv=None) -> int:
     tag = f"n{args.n}-K{args.K}"
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
+        route_records = {}
         for task_name in args.tasks:
             tables = run_cell(model, label, task_name, args)
+            route_records[task_name] = tables["routes"]
             for probe, records in tables.items():
                 rec = recovery_table(records, SELECTORS)
                 recoveries.append(rec.assign(model=label, task=task_name, probe=probe))
@@ -188,6 +243,7 @@ def main(argv=None) -> int:
             name = f"selection_temperature_{label}_{task_name}_{tag}.png"
             for path in (out_dir / name, args.figures / name):
                 plots.plot_temperature_gap(sweep, path, title=f"Oracle - majority vote vs T, {label} / {task_name}")
+        recoveries.append(pd.DataFrame(learned_router_rows(model, label, route_records, args)))
     recovery = pd.concat(recoveries, ignore_index=True)
     sweep = pd.concat(sweeps, ignore_index=True)
     out_dir.mkdir(parents=True, exist_ok=True)

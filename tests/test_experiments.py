@@ -45,3 +45,37 @@ def test_census_small_run(tmp_path):
     assert len(table) == 2 and set(table.sparsity) == {0.0, 0.5}
     assert (table.n_fail <= table.n).all() and (table.n_fail + table.n_healthy <= table.n).all()
     assert (tmp_path / "figures" / "census.png").stat().st_size > 5000
+
+
+@pytest.mark.integration
+def test_routing_small_run_with_learned_router_and_resume(tmp_path, monkeypatch):
+    script = load_script("routing")
+    args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "3", "--K", "4", "--spaces", "skip_repeat",
+            "--methods", "random", "mcts", "--vote-k", "2", "--mcts-k", "3", "--threads", "1",
+            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+    assert script.main(args) == 0
+    summary = tmp_path / "runs" / "summary-n3-K4-s0"
+    table1 = pd.read_csv(summary / "table1.csv").set_index("task")
+    assert table1.loc["arc_easy", "n"] == 3 and table1["learned_router_pp"].notna().all()
+    curves = pd.read_csv(summary / "oracle_curves.csv")
+    oracle = curves[curves.series == "random"].sort_values("k").value
+    assert list(curves.k.unique()) == [1, 2, 3, 4] and oracle.is_monotonic_increasing
+    assert (summary / "routing_oracle_skip_repeat.png").stat().st_size > 5000
+
+    # a rerun generates nothing: searches, candidates and the router's routes come from the store
+    monkeypatch.setattr(script.RouteEvaluator, "evaluate", lambda *a, **k: pytest.fail("regenerated a route"))
+    assert script.main(args) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(summary / "table1.csv").set_index("task"), table1)
+
+
+@pytest.mark.integration
+def test_selection_small_run_has_every_channel(tmp_path):
+    script = load_script("selection")
+    args = ["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8", "--threads", "1",
+            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+    assert script.main(args) == 0
+    recovery = pd.read_csv(tmp_path / "runs" / "summary-n4-K3-s0" / "recovery.csv")
+    routes = recovery[recovery.probe == "routes"]
+    assert sorted(routes.selector) == sorted(script.CHANNELS) and (routes.n == 4).all()
+    assert "learned_router" not in set(recovery[recovery.probe == "T0.8"].selector)  # routes only
+    assert (routes.selector_acc.between(0, 1)).all() and (routes.greedy <= routes.oracle).all()

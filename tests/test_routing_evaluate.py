@@ -1,6 +1,7 @@
 """Batched generation under routes (RouteGenerator) and graded route candidates (RouteEvaluator), on tiny models."""
 import random
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_tiny_model
@@ -227,10 +228,11 @@ def test_routing_experiment_oracle_vote_and_differences():
     assert pq["format_failures"]["skip"] == 1 / 8
     args = exp.parse_args(["--spaces", "skip", "--methods", "random", "mcts", "--K", "4", "--vote-k", "2",
                            "--mcts-k", "2"])
+    pq["router"] = np.array([1.0, 1.0])  # the learned router's route answered both correctly
     tables = exp.analyse({("embedded", "arc_easy"): pq}, args)
     diff = tables["random_minus_structured"].iloc[0]
     assert diff["diff"] == 0.5 and not diff["collapsed"]
     counts = tables["direction_counts"].iloc[0]
     assert (counts.random_better, counts.tie, counts.structured_better) == (1, 0, 0)
     t1 = tables["table1"].set_index("task").loc["arc_easy"]
-    assert t1["random_oracle@4_pp"] == 50.0 and t1["mcts_oracle@2_pp"] == 0.0 and t1["random_vote@2_pp"] == 0.0
+    assert t1["learned_router_pp"] == 50.0 and t1["random_oracle@4_pp"] == 50.0 and t1["mcts_oracle@2_pp"] == 0.0 and t1["random_vote@2_pp"] == 0.0
