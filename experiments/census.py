@@ -81,7 +81,8 @@ def main(argv=None) -> int:
             gen_lo, gen_hi = audit.wilson_interval(gen, n)
             n_fail = int((screened.recognized & ~screened.generated).sum())
             rows.append({
-                "cell": f"{name} / {task_name}", "checkpoint": name, "sparsity": sparsity, "task": task_name, "n": n,
+                "cell": f"{name} / {task_name}", "label": f"{'base' if sparsity == 0 else f'mlp{sparsity:g}'} / {task_name}",
+                "checkpoint": name, "sparsity": sparsity, "task": task_name, "n": n,
                 "recognition_acc": rec / n, "recognition_lo": rec_lo, "recognition_hi": rec_hi,
                 "generation_acc": gen / n, "generation_lo": gen_lo, "generation_hi": gen_hi,
                 "format_failure_rate": 1 - screened.gen_format_ok.mean(),
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
     table.to_parquet(args.out / "census.parquet", index=False)
     args.figures.mkdir(parents=True, exist_ok=True)
     plots.plot_census(table, args.figures / "census.png",
-                      title=f"Recognition vs generation census (n = {args.n} per cell, {args.fmt} format)")
+                      title=f"Recognition vs generation, {base.cfg.model_name} and MLP-pruned copies "
+                            f"(n = {args.n} per cell, {args.fmt} format)")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[["cell", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail",
                      "n_healthy", "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 DPI = 150
@@ -110,30 +111,43 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str, title: str = "Selec
 
 
 def plot_census(df: pd.DataFrame, path: Path | str, title: str = "Recognition vs generation census") -> Path:
-    """Generation accuracy vs recognition accuracy per cell, y = x line; cells meeting the criterion highlighted and labeled.
+    """Generation accuracy vs recognition accuracy per cell with 95% intervals, y = x line; every cell labeled,
+    cells meeting the criterion in red.
 
-    Columns: cell, recognition_acc, generation_acc, n_fail (recognition-right, generation-wrong count; marker size), meets_criterion.
+    Columns: cell, recognition_acc, generation_acc, n_fail (recognition-right, generation-wrong count; marker size),
+    meets_criterion; optional: label (short point label, default cell), task (one marker shape per task),
+    recognition_lo/_hi and generation_lo/_hi (error bars).
     """
     _require(df, ("cell", "recognition_acc", "generation_acc", "n_fail", "meets_criterion"), "census")
-    fig = Figure(figsize=(5.5, 5.5))
+    fig = Figure(figsize=(6, 6))
     ax = fig.add_subplot()
-    meets = df["meets_criterion"].astype(bool).to_numpy()
-    size = 15 + 8 * df["n_fail"].to_numpy(dtype=float)
-    ax.scatter(df.loc[~meets, "recognition_acc"], df.loc[~meets, "generation_acc"], s=size[~meets], c="tab:gray",
-               alpha=0.6, label="other cells")
-    ax.scatter(df.loc[meets, "recognition_acc"], df.loc[meets, "generation_acc"], s=size[meets], c="tab:red",
-               edgecolors="black", label="meets criterion")
-    for _, r in df[meets].iterrows():
-        ax.annotate(str(r["cell"]), (r["recognition_acc"], r["generation_acc"]), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
-    ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls="--", label="y = x")
+    tasks = list(dict.fromkeys(df["task"])) if "task" in df else [None]
+    markers = dict(zip(tasks, "osD^vP*X"))
+    has_bars = all(c in df for c in ("recognition_lo", "recognition_hi", "generation_lo", "generation_hi"))
+    for i, (_, r) in enumerate(df.sort_values("recognition_acc").iterrows()):
+        meets = bool(r["meets_criterion"])
+        color = "tab:red" if meets else "tab:gray"
+        x, y = r["recognition_acc"], r["generation_acc"]
+        if has_bars:
+            ax.errorbar(x, y, xerr=[[x - r["recognition_lo"]], [r["recognition_hi"] - x]],
+                        yerr=[[y - r["generation_lo"]], [r["generation_hi"] - y]], color=color, alpha=0.35, lw=0.8)
+        ax.scatter([x], [y], s=15 + 8 * float(r["n_fail"]), c=color, marker=markers[r["task"] if "task" in df else None],
+                   edgecolors="black" if meets else "none", alpha=0.9 if meets else 0.6, zorder=3)
+        ax.annotate(str(r.get("label", r["cell"])), (x, y), fontsize=7, textcoords="offset points",
+                    xytext=(6, 8 if i % 2 == 0 else -12), zorder=4)
+    handles = [Line2D([], [], ls="none", marker="o", color="tab:red", markeredgecolor="black", label="meets criterion"),
+               Line2D([], [], ls="none", marker="o", color="tab:gray", label="other cells")]
+    handles += [Line2D([], [], ls="none", marker=markers[t], color="black", fillstyle="none", label=t)
+                for t in tasks if t is not None]
+    ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls="--")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("recognition accuracy (MC likelihood)")
-    ax.set_ylabel("generation accuracy (greedy)")
+    ax.set_xlabel("recognition accuracy (gold option ranked first by likelihood)")
+    ax.set_ylabel("generation accuracy (greedy answer correct)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"{title}\n({len(df)} cells, {int(meets.sum())} meet the criterion; size ~ failures)", fontsize=10)
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.set_title(f"{title}\n({len(df)} cells, {int(df['meets_criterion'].astype(bool).sum())} meet the criterion; "
+                 "size ~ failures; bars: 95% Wilson)", fontsize=9)
     return _save(fig, path)
 
 
