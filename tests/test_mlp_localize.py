@@ -51,17 +51,21 @@ def test_mlp_localize_end_to_end_and_resume(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_planted_failure_is_localized_to_its_mlp(tmp_path):
     script = load_script()
-    planted = 24
-    args = ["--planted", str(planted), "--n", "200", "--layers", "9,16,20,24", "--max-eval", "12",
-            "--alphas", "4", "--random-seeds", "2", "--unit-k", "8",
+    planted = 25
+    # PIQA: the model's correct answers are split between both letters, so a push towards one letter fails
+    # many of them (on ARC-Easy it answers "A" to most questions, leaving few non-"A" failures to plant)
+    args = ["--task", "piqa", "--planted", str(planted), "--n", "120", "--layers", "9,16,24,25", "--max-eval", "12",
+            "--calibration-share", "0.25", "--alphas", "4", "--random-seeds", "2", "--unit-k", "8",
             "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
     run_dir = next((tmp_path / "runs").iterdir())
     sweep = pd.read_csv(run_dir / "layer_sweep.csv").set_index(["layer", "component"])
-    planted_repair = sweep.loc[(planted, "mlp"), "repair"]
-    assert planted_repair >= 0.8
-    assert sweep.loc[(planted, "attn"), "repair"] < planted_repair  # the component control
-    assert all(sweep.loc[(layer, "mlp"), "repair"] < planted_repair for layer in (9, 16, 20))
-    assert "localized correctly" in (run_dir / "summary.md").read_text()
+    # the pool answers correctly without the planted block, so silencing it undoes the edit exactly
+    assert sweep.loc[(planted, "mlp"), "repair"] == 1.0 and sweep.loc[(planted, "mlp"), "breakage"] == 0.0
+    assert sweep.loc[(planted, "mlp"), "repair_n"] >= 3
+    assert sweep.loc[(planted, "attn"), "repair"] < 0.5  # the component control
+    assert all(sweep.loc[(layer, "mlp"), "repair"] < 1.0 for layer in (9, 16, 24))
+    summary = (run_dir / "summary.md").read_text()
+    assert f"identified layer {planted}: localized correctly" in summary
     screen = pd.read_csv(run_dir / "screen.csv")
     assert screen.recognized.mean() >= 0.9  # the edit barely moves recognition (the pool was all recognized)
