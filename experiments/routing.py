@@ -110,11 +110,13 @@ def search_chunk(model, task, questions, args) -> tuple[list[dict], list[dict]]:
     return trace_rows, cand_rows
 
 
-def cell_store(model, model_label: str, task_name: str, questions, args) -> RunStore:
+def cell_store(model, model_label: str, task, questions, args) -> RunStore:
+    task_name = task.name
     protocol = {"study": "routing", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
                 "task": task_name, "source": str(args.source), "split": args.split, "n": len(questions),
                 "seed": args.seed, "format": args.fmt, "K": args.K, "spaces": args.spaces, "methods": args.methods,
-                "probe": "greedy under routes", "reward": "greedy correctness"}
+                "probe": "greedy under routes", "reward": "greedy correctness",
+                "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt))}
     return RunStore(args.out / f"{model_label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}", protocol)
 
 
@@ -125,7 +127,7 @@ def cell_questions(task_name: str, args):
 
 def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
     task, questions = cell_questions(task_name, args)
-    store = cell_store(model, model_label, task_name, questions, args)
+    store = cell_store(model, model_label, task, questions, args)
     done = store.done("traces") if (store.root / "traces").exists() else set()
     todo = [q for q in questions if q.id not in done]
     for start in range(0, len(todo), args.chunk):
@@ -150,7 +152,7 @@ def learned_router(model, model_label: str, traces: dict[str, pd.DataFrame], arg
     for task_name, tr in traces.items():
         task, questions = cell_questions(task_name, args)
         cells[task_name] = (prompt_ids(model, task, questions, args.fmt), [q.id for q in questions])
-        stores[task_name] = (task, questions, cell_store(model, model_label, task_name, questions, args))
+        stores[task_name] = (task, questions, cell_store(model, model_label, task, questions, args))
         tr = tr[tr.space == space]
         for q in questions:
             g = tr[tr.question_id == q.id]

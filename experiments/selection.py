@@ -105,7 +105,8 @@ def cell_stores(model, label: str, task_name: str, args):
     questions = subsample(task.load(args.source, args.split), args.n, args.seed)
     base = {"study": "selection", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
             "task": task_name, "source": str(args.source), "split": args.split, "n": len(questions),
-            "seed": args.seed, "format": args.fmt, "K": args.K}
+            "seed": args.seed, "format": args.fmt, "K": args.K,
+            "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt))}
     root = args.out / f"{label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}"
     probes = {"routes": {**base, "probe": f"greedy under random routes ({args.space})"}}
     probes.update({f"T{T:g}": {**base, "probe": "sample", "T": T} for T in sorted(set(args.temperatures) | {args.T})})
