@@ -42,12 +42,11 @@ def make_tiny_model(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> Hook
 @pytest.fixture(autouse=True)
 def one_thread_for_unit_tests(request):
     """Tiny-model ops gain nothing from a second thread, and on a busy 2-core machine it can stall every op
-    (measured ~100x); integration tests on the embedded model keep torch's own thread count."""
-    if request.node.get_closest_marker("integration"):
-        yield
-        return
+    (measured ~100x); integration tests on the embedded model keep torch's own thread count. Either way the
+    count is restored afterwards (an experiment run with --threads sets it process-wide)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if not request.node.get_closest_marker("integration"):
+        torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
 

@@ -51,7 +51,7 @@ def test_census_small_run(tmp_path):
 def test_routing_small_run_with_learned_router_and_resume(tmp_path, monkeypatch):
     script = load_script("routing")
     args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "3", "--K", "4", "--spaces", "skip_repeat",
-            "--methods", "random", "mcts", "--vote-k", "2", "--mcts-k", "3", "--threads", "1",
+            "--methods", "random", "mcts", "--vote-k", "2", "--mcts-k", "3",
             "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
     summary = tmp_path / "runs" / "summary-n3-K4-s0"
@@ -71,7 +71,7 @@ def test_routing_small_run_with_learned_router_and_resume(tmp_path, monkeypatch)
 @pytest.mark.integration
 def test_selection_small_run_has_every_channel(tmp_path):
     script = load_script("selection")
-    args = ["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8", "--threads", "1",
+    args = ["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8",
             "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
     recovery = pd.read_csv(tmp_path / "runs" / "summary-n4-K3-s0" / "recovery.csv")
