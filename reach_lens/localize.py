@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
+from transformer_lens.utilities import apply_softcap
 
 from reach_lens import audit, probes
 from reach_lens.models import encode
@@ -120,12 +121,19 @@ def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], ho
 
 def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 16,
                        hooks=()) -> Float[Tensor, "n d_vocab"]:
-    """Next-token logits after each prompt (the first generated token's distribution)."""
+    """Next-token logits after each prompt (the first generated token's distribution).
+
+    The blocks run over every position, but ``ln_final`` and the unembedding only at each prompt's last
+    token (the unembedding of every position would cost more than the blocks of a small model).
+    """
     out = []
     with model.hooks(fwd_hooks=list(hooks)):
         for tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
-                out.append(model(tokens)[torch.arange(len(tokens)), last].cpu())
+                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens)), last]
+                if model.cfg.normalization_type is not None:
+                    resid = model.ln_final(resid[:, None])[:, 0]
+                out.append(apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0].cpu())
     return torch.cat(out)
 
 
