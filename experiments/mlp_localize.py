@@ -1,7 +1,7 @@
 """MLP localization of recognizes-but-does-not-say failures (the paper's Tables 3-4, Figures 4b and 5).
 
     python experiments/mlp_localize.py                       # embedded SmolLM2-135M, ARC-Easy validation
-    python experiments/mlp_localize.py --planted 20          # positive control: a failure planted in MLP 20
+    python experiments/mlp_localize.py --task piqa --planted 25 --n 400   # positive control: a failure planted in MLP 25
     python experiments/mlp_localize.py --model path/to/ckpt --task arc_challenge --source data/arc/
 
 Steps (each result is stored in the run directory as it is computed; rerunning resumes):
