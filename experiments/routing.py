@@ -44,8 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 from reach_lens.audit import bootstrap_ci  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
-from reach_lens.probes import prompt_ids, question_seed  # noqa: E402
-from reach_lens.routing import METHODS, SPACES, RouteEvaluator, cross_fit_router, make_space, run_searches  # noqa: E402
+from reach_lens.probes import question_seed  # noqa: E402
+from reach_lens.routing import (  # noqa: E402
+    METHODS, SPACES, RouteEvaluator, RouterCell, learned_router_outcomes, make_space, run_searches)
 from reach_lens.select import majority_vote  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
@@ -120,13 +121,11 @@ def cell_store(model, model_label: str, task, questions, args) -> RunStore:
     return RunStore(args.out / f"{model_label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}", protocol)
 
 
-def cell_questions(task_name: str, args):
+def run_cell(model, model_label: str, task_name: str, args) -> tuple[RouterCell, pd.DataFrame, pd.DataFrame]:
+    """Search every question of one cell (resuming from its store); the cell with its Table-1-space searches
+    as learned-router training data and every generated candidate as known routes."""
     task = get_task(task_name)
-    return task, subsample(task.load(args.source, args.split), args.n, args.seed)
-
-
-def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
-    task, questions = cell_questions(task_name, args)
+    questions = subsample(task.load(args.source, args.split), args.n, args.seed)
     store = cell_store(model, model_label, task, questions, args)
     done = store.done("traces") if (store.root / "traces").exists() else set()
     todo = [q for q in questions if q.id not in done]
@@ -138,44 +137,13 @@ def run_cell(model, model_label: str, task_name: str, args) -> tuple[pd.DataFram
         store.append("traces", trace_rows)
         print(f"  {model_label} {task_name}: questions {start + 1}-{start + len(part)} of {len(todo)} "
               f"({len(cand_rows)} routes generated) in {time.time() - t0:.0f} s", flush=True)
-    return store.read("traces", key=None), store.read("candidates", key=None)
-
-
-def learned_router(model, model_label: str, traces: dict[str, pd.DataFrame], args) -> dict[str, dict[str, bool]]:
-    """Correctness of the cross-fitted learned router's route per question, per task of one model.
-
-    Trained on the (route, reward) pairs of every search in the Table-1 space; the candidates of predicted
-    routes the searches never evaluated are generated once and stored in the cell's `router` table.
-    """
-    space = table1_space(args)
-    cells, found, stores = {}, {}, {}
-    for task_name, tr in traces.items():
-        task, questions = cell_questions(task_name, args)
-        cells[task_name] = (prompt_ids(model, task, questions, args.fmt), [q.id for q in questions])
-        stores[task_name] = (task, questions, cell_store(model, model_label, task, questions, args))
-        tr = tr[tr.space == space]
-        for q in questions:
-            g = tr[tr.question_id == q.id]
-            found[(task_name, q.id)] = [(tuple(r), w) for routes, rewards in zip(g.routes, g.rewards)
-                                        for r, w in zip(routes, rewards)]
-    predicted = cross_fit_router(model, cells, found, seed=args.seed)
-    out = {}
-    for task_name, (task, questions, store) in stores.items():
-        known = {(qid, tuple(r)): bool(c) for qid, r, c in zip(*(
-            pd.concat([store.read("candidates", key=None), store.read("router", key=None)])[col]
-            for col in ("question_id", "route", "correct")))}
-        todo = [(i, predicted[(task_name, q.id)]) for i, q in enumerate(questions)
-                if (q.id, predicted[(task_name, q.id)]) not in known]
-        if todo:
-            ev = RouteEvaluator(model, task, questions, args.fmt, batch_size=args.batch_size, keep_hidden=False)
-            rows = [{"question_id": questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
-                    for (i, _), c in zip(todo, ev.evaluate(todo))]
-            store.append("router", rows)
-            known.update({(r["question_id"], tuple(r["route"])): r["correct"] for r in rows})
-        out[task_name] = {q.id: known[(q.id, predicted[(task_name, q.id)])] for q in questions}
-    n_moved = sum(p != tuple(range(model.cfg.n_layers)) for p in predicted.values())
-    print(f"  {model_label}: learned router leaves the full path on {n_moved} of {len(predicted)} questions", flush=True)
-    return out
+    traces, cands = store.read("traces", key=None), store.read("candidates", key=None)
+    space = traces[traces.space == table1_space(args)]
+    found = {q.id: [] for q in questions}
+    for qid, routes, rewards in zip(space.question_id, space.routes, space.rewards):
+        found[qid] += [(tuple(r), float(w)) for r, w in zip(routes, rewards)]
+    known = {(qid, tuple(r)): bool(c) for qid, r, c in zip(cands.question_id, cands.route, cands.correct)}
+    return RouterCell(task, questions, found, store, known), traces, cands
 
 
 # ---------------------------------------------------------------- analysis
@@ -364,14 +332,17 @@ def main(argv=None) -> int:
     cells = {}
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
-        traces = {}
+        router_cells = {}
         for task_name in args.tasks:
-            traces[task_name], cands = run_cell(model, label, task_name, args)
-            cells[(label, task_name)] = per_question(traces[task_name], cands, args.K, n_layers)
-        router = learned_router(model, label, traces, args)
+            router_cells[task_name], traces, cands = run_cell(model, label, task_name, args)
+            cells[(label, task_name)] = per_question(traces, cands, args.K, n_layers)
+        router = learned_router_outcomes(model, router_cells, args.fmt, seed=args.seed, batch_size=args.batch_size)
+        moved = sum(route != tuple(range(n_layers)) for per_task in router.values() for route, _ in per_task.values())
+        print(f"  {label}: the learned router leaves the full path on {moved} of "
+              f"{sum(map(len, router.values()))} questions", flush=True)
         for task_name in args.tasks:
             pq = cells[(label, task_name)]
-            pq["router"] = np.array([float(router[task_name][q]) for q in pq["qids"]])
+            pq["router"] = np.array([float(router[task_name][q][1]) for q in pq["qids"]])
         if model is not base:
             del model
     tables = analyse(cells, args)

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from reach_lens import audit, plots  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
-from reach_lens.probes import prompt_ids, question_seed  # noqa: E402
+from reach_lens.probes import question_seed  # noqa: E402
 from reach_lens.routing import (  # noqa: E402
-    SPACES, RandomSearch, RouteEvaluator, cross_fit_router, graded, make_space, run_searches)
+    SPACES, RandomSearch, RouteEvaluator, RouterCell, graded, learned_router_outcomes, make_space, run_searches)
 from reach_lens.select import SELECTORS, recovery, recovery_table  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
@@ -113,7 +113,8 @@ def cell_stores(model, label: str, task_name: str, args):
     return task, questions, {name: RunStore(root / name, protocol) for name, protocol in probes.items()}
 
 
-def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]:
+def run_cell(model, label: str, task_name: str, args) -> tuple[dict[str, pd.DataFrame], tuple]:
+    """Records of every probe of one cell (resuming from their stores), and (task, questions, route store)."""
     task, questions, stores = cell_stores(model, label, task_name, args)
     out = {}
     for name, store in stores.items():
@@ -128,46 +129,33 @@ def run_cell(model, label: str, task_name: str, args) -> dict[str, pd.DataFrame]
             print(f"  {label} {task_name} {name}: {start + len(part)}/{len(todo)} questions in {time.time() - t0:.0f} s",
                   flush=True)
         out[name] = store.read("records")
-    return out
+    return out, (task, questions, stores["routes"])
 
 
-def learned_router_rows(model, label: str, route_records: dict[str, pd.DataFrame], args) -> list[dict]:
+def learned_router_rows(model, label: str, route_cells: dict[str, tuple], args) -> list[dict]:
     """Recovery of the cross-fitted learned router on the route probe of every task of one model.
 
-    Predicted routes that are not among a question's candidates are generated once and stored in the cell's
-    `router` table (a rerun generates nothing).
+    `route_cells[task] = (task, questions, route store, route records)`; the router trains on the other
+    questions' route candidates, and its routes outside a question's candidates are generated once and kept
+    in the route store's `router` table (a rerun generates nothing).
     """
-    cells, found, known = {}, {}, {}
-    for task_name, records in route_records.items():
-        task, questions, stores = cell_stores(model, label, task_name, args)
-        by_id = records.set_index("question_id")
-        cells[task_name] = (prompt_ids(model, task, questions, args.fmt), [q.id for q in questions])
-        for q in questions:
-            cands = by_id.loc[q.id, "candidates"]
-            found[(task_name, q.id)] = [(tuple(c["route"]), float(c["correct"])) for c in cands]
-            known.update({(task_name, q.id, tuple(c["route"])): bool(c["correct"]) for c in cands})
-        stored = stores["routes"].read("router", key=None)
-        known.update({(task_name, qid, tuple(r)): bool(c) for qid, r, c in
-                      zip(stored.get("question_id", []), stored.get("route", []), stored.get("correct", []))})
-    predicted = cross_fit_router(model, cells, found, seed=args.seed)
+    cells = {}
+    for task_name, (task, questions, store, records) in route_cells.items():
+        found = {qid: [(tuple(c["route"]), float(c["correct"])) for c in cands]
+                 for qid, cands in zip(records.question_id, records.candidates)}
+        cells[task_name] = RouterCell(task, questions, found, store)
+    outcomes = learned_router_outcomes(model, cells, args.fmt, seed=args.seed, batch_size=args.batch_size)
     rows = []
-    for task_name, records in route_records.items():
-        task, questions, stores = cell_stores(model, label, task_name, args)
-        todo = [(i, predicted[(task_name, q.id)]) for i, q in enumerate(questions)
-                if (task_name, q.id, predicted[(task_name, q.id)]) not in known]
-        if todo:
-            ev = RouteEvaluator(model, task, questions, args.fmt, batch_size=args.batch_size, keep_hidden=False)
-            new = [{"question_id": questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
-                   for (i, _), c in zip(todo, ev.evaluate(todo))]
-            stores["routes"].append("router", new)
-            known.update({(task_name, r["question_id"], tuple(r["route"])): r["correct"] for r in new})
-        acc = float(np.mean([known[(task_name, q.id, predicted[(task_name, q.id)])] for q in questions]))
+    for task_name, (_, questions, _, records) in route_cells.items():
+        acc = float(np.mean([outcomes[task_name][q.id][1] for q in questions]))
         greedy, oracle = float(records.d.mean()), float(records.o.mean())
         rows.append({"selector": ROUTER, "n": len(records), "K": int(records.K.iloc[0]), "greedy": greedy,
                      "oracle": oracle, "selector_acc": acc, "recovery": recovery(acc, greedy, oracle),
                      "model": label, "task": task_name, "probe": "routes"})
-    moved = sum(p != tuple(range(model.cfg.n_layers)) for p in predicted.values())
-    print(f"  {label}: learned router leaves the full path on {moved} of {len(predicted)} questions", flush=True)
+    moved = sum(route != tuple(range(model.cfg.n_layers)) for per_task in outcomes.values()
+                for route, _ in per_task.values())
+    print(f"  {label}: the learned router leaves the full path on {moved} of {sum(map(len, outcomes.values()))} "
+          "questions", flush=True)
     return rows
 
 
@@ -231,10 +219,10 @@ def main(argv=None) -> int:
     tag = f"n{args.n}-K{args.K}"
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
-        route_records = {}
+        route_cells = {}
         for task_name in args.tasks:
-            tables = run_cell(model, label, task_name, args)
-            route_records[task_name] = tables["routes"]
+            tables, (task, questions, route_store) = run_cell(model, label, task_name, args)
+            route_cells[task_name] = (task, questions, route_store, tables["routes"])
             for probe, records in tables.items():
                 rec = recovery_table(records, SELECTORS)
                 recoveries.append(rec.assign(model=label, task=task_name, probe=probe))
@@ -244,7 +232,7 @@ def main(argv=None) -> int:
             name = f"selection_temperature_{label}_{task_name}_{tag}.png"
             for path in (out_dir / name, args.figures / name):
                 plots.plot_temperature_gap(sweep, path, title=f"Oracle - majority vote vs T, {label} / {task_name}")
-        recoveries.append(pd.DataFrame(learned_router_rows(model, label, route_records, args)))
+        recoveries.append(pd.DataFrame(learned_router_rows(model, label, route_cells, args)))
     recovery = pd.concat(recoveries, ignore_index=True)
     sweep = pd.concat(sweeps, ignore_index=True)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,19 +9,26 @@ A candidate is a dict `audit.make_record` accepts: `text`, `answer`, `correct` (
 `length`, plus `route` (list of layers), `entropy` (mean token entropy, nats), `hidden` (list of d_model
 floats: the residual entering ln_final where the last token was produced) and `finish_reason`.
 
+`learned_router_outcomes` grades the cross-fitted learned router's route of every question, generating only
+routes whose correctness is not already known and keeping them in a run store.
+
 Every (question, route) pair is generated once per evaluator, whichever search or action space asks for it,
 so searches that share routes (all share the full path) share the cost. Rows of one call are generated
 together (`RouteGenerator`): different questions and routes share decode batches.
 """
-from typing import Sequence
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 from transformer_lens import HookedTransformer
 
 from reach_lens.hooks import validate_route
 from reach_lens.probes import prompt_ids
 from reach_lens.routing.decode import RouteGeneration, RouteGenerator
+from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn
 from reach_lens.routing.spaces import Path
+from reach_lens.store import RunStore
 from reach_lens.tasks import Question, Task
 
 
@@ -66,3 +73,49 @@ class RouteEvaluator:
         def reward(pairs: list[tuple[int, Path]]) -> list[float]:
             return [float(c["correct"]) for c in self.evaluate([(question_of[s], p) for s, p in pairs])]
         return reward
+
+
+@dataclass
+class RouterCell:
+    """One cell (e.g. a task) of `learned_router_outcomes`: its questions, the (route, reward) pairs searched
+    on each (training data, by question id), the correctness of routes already generated
+    (`known[(question id, route)]`, default: from `found`), and the store whose `router` table keeps the
+    routes generated here."""
+
+    task: Task
+    questions: Sequence[Question]
+    found: Mapping[str, Sequence[tuple[Path, float]]]
+    store: RunStore
+    known: Optional[Mapping[tuple[str, Path], bool]] = None
+
+
+def learned_router_outcomes(model: HookedTransformer, cells: Mapping[Hashable, RouterCell], fmt: str, seed: int = 0,
+                            batch_size: int = 32) -> dict[Hashable, dict[str, tuple[Path, bool]]]:
+    """(predicted route, correct) per question of each cell, from a learned router cross-fitted over the
+    questions of all cells pooled (`cross_fit_router`). A route whose correctness is known (from the cell,
+    or from its store's `router` table) is not generated again; the others are generated greedily, graded,
+    and appended to the `router` table, so a rerun generates nothing."""
+    known: dict[tuple[Hashable, str, Path], bool] = {}
+    for key, cell in cells.items():
+        given = cell.known if cell.known is not None else {
+            (qid, tuple(r)): float(w) >= 1.0 for qid, pairs in cell.found.items() for r, w in pairs}
+        known.update({(key, qid, tuple(r)): bool(c) for (qid, r), c in given.items()})
+        stored = cell.store.read("router", key=None)
+        if len(stored):
+            known.update({(key, qid, tuple(r)): bool(c)
+                          for qid, r, c in zip(stored.question_id, stored.route, stored.correct)})
+    predicted = cross_fit_router(
+        model, {key: (prompt_ids(model, c.task, c.questions, fmt), [q.id for q in c.questions]) for key, c in cells.items()},
+        {(key, qid): pairs for key, c in cells.items() for qid, pairs in c.found.items()}, seed=seed)
+    out = {}
+    for key, cell in cells.items():
+        route_of = {q.id: predicted[(key, q.id)] for q in cell.questions}
+        todo = [(i, route_of[q.id]) for i, q in enumerate(cell.questions) if (key, q.id, route_of[q.id]) not in known]
+        if todo:
+            ev = RouteEvaluator(model, cell.task, cell.questions, fmt, batch_size=batch_size, keep_hidden=False)
+            rows = [{"question_id": cell.questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
+                    for (i, _), c in zip(todo, ev.evaluate(todo))]
+            cell.store.append("router", rows)
+            known.update({(key, r["question_id"], tuple(r["route"])): r["correct"] for r in rows})
+        out[key] = {qid: (route, known[(key, qid, route)]) for qid, route in route_of.items()}
+    return out
