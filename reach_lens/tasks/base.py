@@ -58,14 +58,18 @@ class MalformedRow(ValueError):
 class Task(ABC):
     """A benchmark: loading, prompt formats, generation limits and grading.
 
-    Subclasses set ``name``, ``kind``, ``default_split`` (used when no split is given and none can be
-    read from a file name), ``hf_config`` (the hub config used when a hub source names none), and
-    implement the methods below. After ``load``, ``last_skipped`` holds the number of malformed rows
+    Subclasses set ``name``, ``kind``, ``grader``, ``default_split`` (used when no split is given and none
+    can be read from a file name), ``hf_config`` (the hub config used when a hub source names none), and
+    implement the methods below. ``grader`` names the grading rule and its version, ``"name/version"``
+    (``"mc_letter/2"``, ``"number_final/2"``, ``"math_verify/0.9.0/2"``): it goes into every run's
+    protocol so that records graded under different rules are never mixed. Bump its version whenever
+    ``grade`` changes what it accepts. After ``load``, ``last_skipped`` holds the number of malformed rows
     skipped (``skip_malformed=True``; a warning also reports them).
     """
 
     name: str
     kind: Literal["mc", "numeric", "math"]
+    grader: str
     formats: tuple[str, ...] = ("native", "shared")
     default_split: str = "test"
     hf_config: str | None = None

@@ -15,11 +15,35 @@ Files are JSON lines (``.jsonl``) or one JSON array (``.json``). OlympiadBench's
 
 Extraction: the last ``\\boxed{...}`` of the completion, else the last ``The answer is ...`` line, else
 math_verify's own unanchored extraction. ``None`` when none of them yields anything.
+
+Grader ``math_verify/<installed math-verify version>/2`` (``GRADER``): plain-text equality (also
+True/False/Yes/No), else math_verify, except that an answer whose *shape* contradicts the reference's
+is wrong whatever math_verify says (new in version 2). math_verify reads every ``(a, b)`` with a < b as
+the open interval and compares an open interval with any two-element tuple, set or list, so it
+matched an interval with a point and a set with either. Shapes (``answer_shape``), from the notation:
+
+- ``interval``: brackets other than ``( )`` around two parts (``(1, 2]``, ``[0, 1]``), an infinite
+  endpoint, a union ``\\cup`` (not of ``\\{...\\}`` sets), a membership in a bracket (``x \\in (1, 2)``,
+  not ``x \\in \\{1, 2\\}``), or an inequality;
+- ``tuple``: ``( )`` around three or more parts, ``\\langle 1, 2 \\rangle``, or an assignment to a
+  tuple (``(x, y) = (1, 2)``);
+- ``set``: ``\\{1, 2\\}`` (set-builder ``\\{x \\mid ...\\}`` has no shape);  ``list``: parts without
+  brackets (``1, 2``);
+- ``pair``: ``(a, b)``, which may be an interval or a tuple. For the reference, the question decides
+  when it can: "interval", "domain" or "range" make it an interval; "ordered pair/triple", "point",
+  "coordinates", "vector" or "in the form (" a tuple (both or neither: it stays a pair).
+
+Compatible shapes: equal ones, ``pair`` with ``interval``/``tuple``/``list``, ``list`` with
+``tuple``/``set``. Any other combination of two known shapes is wrong: with the reference ``(1, 2)`` of
+an interval-notation question, ``(x, y) = (1, 2)`` and ``\\{1, 2\\}`` are wrong; with the reference
+``(1, 2)`` of an ordered-pair question, ``x \\in (1, 2)`` is wrong; ``\\{1, 2\\}`` never equals ``(1, 2)``.
+Scalars and expressions have no shape and are left to math_verify (``x = 5`` equals ``5``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import re
 import threading
 from collections.abc import Iterator
@@ -37,6 +61,7 @@ from reach_lens.tasks.sources import Row
 MAX_NEW_TOKENS = 512  # competition solutions run longer than GSM8K's; 256 truncates many MATH-500 answers
 NATIVE_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 SHARED_INSTRUCTION = 'End your answer with a line "The answer is: <answer>".'
+GRADER = f"math_verify/{importlib.metadata.version('math-verify')}/2"  # version 1: no shape rule
 MATH_TIMEOUT_S = 5  # math_verify's per-call limit; only applied in the main thread (it uses SIGALRM)
 
 
@@ -149,13 +174,91 @@ def _plain(text: str) -> str:
 _BOOL = {"true": "true", "yes": "true", "false": "false", "no": "false"}
 
 
-def equivalent(gold: str, answer: str) -> bool:
-    """Is ``answer`` the reference ``gold``? Plain-text equality (also True/False/Yes/No), else math_verify."""
+_INTERVAL_CONTEXT = re.compile(r"\binterval|\bdomain\b|\brange\b", re.IGNORECASE)
+_TUPLE_CONTEXT = re.compile(
+    r"\bordered\s+(?:pair|triple|quadruple|tuple)|\bpoints?\b|\bcoordinates\b|\bvectors?\b|"
+    r"\bin\s+the\s+form\s+\$?\s*(?:\\left\s*)?\(",
+    re.IGNORECASE,
+)
+_COMPATIBLE_SHAPES = {("pair", "interval"), ("pair", "tuple"), ("pair", "list"), ("list", "tuple"), ("list", "set")}
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """``text`` split at the commas outside any bracket."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def _encloses(text: str) -> bool:
+    """Does the first bracket of ``text`` close at its last character (``(1, 2]`` yes, ``(1)(2)`` no)?"""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+def answer_shape(text: str) -> str | None:
+    """``"interval"``, ``"tuple"``, ``"set"``, ``"list"``, ``"pair"`` or None, from the notation (module docstring)."""
+    spaced = re.sub(r"\\left|\\right|\\[!,;:]|\\displaystyle|\$", " ", text)
+    membership = re.search(r"\\in\s*[(\[]|\\in\s*\\left\s*[(\[]", text)  # x \in (1, 2), not x \in \{1, 2\}
+    union = re.search(r"\\cup|∪", text) and "\\{" not in text
+    if membership or union or re.search(r"<|>|≤|≥|\\(?:le|ge|lt|gt)(?:q|slant)?(?![a-zA-Z])", spaced):
+        return "interval"
+    t = re.sub(r"\s", "", spaced).rstrip(".")
+    if not t:
+        return None
+    if t.startswith("\\langle") or re.match(r"\([^()=]*,[^()=]*\)=", t):
+        return "tuple"
+    if t.startswith("\\{") and t.endswith("\\}"):
+        return None if re.search(r"\\mid|\||:", t) else "set"  # set-builder {x | ...} may be any set
+    if t[0] in "([" and t[-1] in ")]" and _encloses(t):
+        parts = _top_level_parts(t[1:-1])
+        if len(parts) == 2:
+            if t[0] + t[-1] != "()" or re.search(r"\\infty|∞", t):
+                return "interval"
+            return "pair"
+        if len(parts) >= 3 and t[0] + t[-1] == "()":
+            return "tuple"
+        return None
+    return "list" if len(_top_level_parts(t)) >= 2 else None
+
+
+def reference_shape(gold: str, question: str = "") -> str | None:
+    """``answer_shape`` of the reference, with a ``pair`` made an interval or a tuple by the question's words."""
+    shape = answer_shape(gold)
+    if shape == "pair":
+        interval, point = bool(_INTERVAL_CONTEXT.search(question)), bool(_TUPLE_CONTEXT.search(question))
+        if interval != point:
+            return "interval" if interval else "tuple"
+    return shape
+
+
+def shapes_conflict(gold_shape: str | None, answer_shape_: str | None) -> bool:
+    """Are two known shapes incompatible (module docstring)? Unknown shapes never conflict."""
+    if gold_shape is None or answer_shape_ is None or gold_shape == answer_shape_:
+        return False
+    pairs = {(gold_shape, answer_shape_), (answer_shape_, gold_shape)}
+    return not pairs & _COMPATIBLE_SHAPES
+
+
+def equivalent(gold: str, answer: str, question: str = "") -> bool:
+    """Is ``answer`` the reference ``gold``? Plain-text equality (also True/False/Yes/No), else math_verify,
+    unless the shapes conflict (module docstring; ``question`` may make an ``(a, b)`` reference an interval or
+    a tuple)."""
     g, a = _plain(gold), _plain(answer)
     if g == a:
         return True
     if g in _BOOL:
         return _BOOL.get(a) == _BOOL[g]
+    if shapes_conflict(reference_shape(gold, question), answer_shape(answer)):
+        return False
     gold_parsed, answer_parsed = _parse_gold(gold), _parse(answer)
     if not gold_parsed or not answer_parsed:
         return False
@@ -184,6 +287,7 @@ class DartMathTask(ReasoningTask):
     reasoning_max_new_tokens = MAX_NEW_TOKENS
     name = "dart"
     kind = "math"
+    grader = GRADER
     default_split = "test"
 
     def default_rows(self, split: str) -> Iterator[Row]:
@@ -216,4 +320,4 @@ class DartMathTask(ReasoningTask):
         if answer is None:
             return Graded(None, False)
         answer = re.sub(r"\s+", " ", answer).strip()
-        return Graded(answer, equivalent(q.gold, answer))
+        return Graded(answer, equivalent(q.gold, answer, q.question))

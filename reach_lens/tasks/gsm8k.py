@@ -5,8 +5,26 @@ Original layout: ``test.jsonl`` with ``{"question", "answer"}``; the gold number
 ``gsm8k-{split}-{line}`` (1-based). Golds and extracted answers are normalized numbers: no commas,
 units or ``$``; ``"18.0"`` -> ``"18"``, ``"0.50"`` -> ``"0.5"``.
 
-Extraction: the last number of the last explicit answer line (``#### 18``, ``The answer is 18``,
-``Answer: 18``, ``\\boxed{18}``), else the last number anywhere in the completion.
+Grader ``number_final/2`` (``GRADER``; also the grader of ``basic_arithmetic``). Extraction: the
+*answer region* is the last explicit answer line that holds a number (``#### 18``, ``The answer is 18``,
+``Answer: 18``, ``\\boxed{18}``), else the whole completion; the answer is the FINAL number of that
+region (``"16 - 3 - 4 = 9 eggs, 9 * 2 = $18."`` gives 18; a self-correction ``"5... actually 6"`` gives
+6), with two rules new in version 2:
+
+- **negation**: a number after ``not`` / ``n't`` / ``never`` / ``≠`` / ``!=`` / ``\\neq`` is not a
+  candidate (``"It is 6, not 5"`` gives 6; ``"The answer is not 5"`` gives None, and so does
+  ``"2 + 3 = 5. The answer is not 5."``: the answer line is the region, and it names no answer);
+- **ambiguity**: a final number offered as one of alternatives with another value (``"5 or 6"``,
+  ``"either 5 or 6"``, ``"6 (or 5)"``) gives None; ``"18 (or 18.0)"`` is one value and gives 18.
+
+Decision on ``"x = 5"`` (issue 12 lists ``"x = 5"`` vs 5 among the cases to settle): it IS the answer
+5, graded correct when the gold is 5. The final number stated after ``=`` is the model's committed
+value. The paper does not spell out its numeric grader; the usual ones count it (lm-evaluation-harness's
+GSM8K ``flexible-extract`` takes the last number, and math-verify, this project's math grader, unwraps
+``x = 5`` to 5 when the gold is a plain number), so counting it is the faithful default. Refusing it
+would need a variable-name heuristic that would also refuse ``"total = 18"`` and ``basic_arithmetic``'s
+``"741 * 16 = 11856"``. What version 2 refuses instead are the look-alikes that name no single value:
+``"x = 5 or x = 6"``, ``"x != 5"``, ``"x is not 5"``.
 """
 
 from __future__ import annotations
@@ -21,6 +39,7 @@ from reach_lens.tasks import sources
 from reach_lens.tasks.base import Graded, MalformedRow, Question, ReasoningTask
 from reach_lens.tasks.sources import Row
 
+GRADER = "number_final/2"  # version 1: no negation or ambiguity rule; answer-line fallback to earlier lines
 MAX_NEW_TOKENS = 256  # room for a short chain of thought; GSM8K reference solutions average ~120 tokens
 NATIVE_INSTRUCTION = 'Solve the problem step by step. End with a final line "The answer is: <number>".'
 SHARED_INSTRUCTION = 'End your answer with a line "The answer is: <number>".'
@@ -44,18 +63,32 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
-def _last_number(text: str) -> str | None:
-    numbers = _NUMBER.findall(text.replace("\u2212", "-"))
-    return normalize_number(numbers[-1]) if numbers else None
+_NEGATION = re.compile(r"(?:\bnot|n't|\bnever|≠|!=|\\neq)\s*(?:equal\s+to\s+|be\s+|even\s+)?\$?\s*$", re.IGNORECASE)
+_ALTERNATIVE = re.compile(  # what joins two alternative values: "5 or 6", "6 (or 5)", "x = 5 or x = 6"
+    r"^\s*\)?\s*,?\s*\(?\s*(?:or|and/or)\s+(?:maybe\s+|possibly\s+|perhaps\s+)?[a-z]*\s*=?\s*\$?\s*$", re.IGNORECASE
+)
+
+
+def _final_number(text: str) -> str | None:
+    """The last number of ``text`` that is not negated, or None; None also when it is offered as an
+    alternative to another value (module docstring)."""
+    text = text.replace("\u2212", "-")
+    numbers = [m for m in _NUMBER.finditer(text) if not _NEGATION.search(text[max(0, m.start() - 24) : m.start()])]
+    if not numbers:
+        return None
+    last = numbers[-1]
+    value = normalize_number(last.group(0))
+    for other in reversed(list(_NUMBER.finditer(text, 0, last.start()))):
+        if _ALTERNATIVE.match(text[other.end() : last.start()]) and normalize_number(other.group(0)) != value:
+            return None
+        break
+    return value
 
 
 def extract_number(completion: str) -> str | None:
     """The final answer number of a completion (see the module docstring), normalized; None if there is none."""
-    for m in reversed(list(_ANSWER_LINE.finditer(completion))):
-        number = _last_number(m.group(1))
-        if number is not None:
-            return number
-    return _last_number(completion)
+    lines = [m.group(1) for m in _ANSWER_LINE.finditer(completion) if _NUMBER.search(m.group(1).replace("\u2212", "-"))]
+    return _final_number(lines[-1] if lines else completion)
 
 
 class GSM8KTask(ReasoningTask):
@@ -64,6 +97,7 @@ class GSM8KTask(ReasoningTask):
     reasoning_max_new_tokens = MAX_NEW_TOKENS
     name = "gsm8k"
     kind = "numeric"
+    grader = GRADER
     default_split = "test"
     hf_config = "main"
 

