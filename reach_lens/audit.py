@@ -1,81 +1,18 @@
-"""Per-question records and what they add up to: D, vote@K, O_K, reach@k curves, gaps, fates, intervals.
+"""What per-question records add up to: D, vote@K, O_K, reach@k curves, gaps, fates, intervals.
 
-A record is one question under one protocol (the protocol itself lives in the run store, not in the rows):
-
-    question_id  str     gold          str       deployed_text  str    deployed_answer  str | None
-    d            bool    K             int       hits           int    o                bool
-    format_failures int  vote_answer   str|None  vote_correct   bool   candidates       list[dict]
-
-Each candidate dict has `text` (str), `answer` (str | None; None = format failure), `correct` (bool),
-`mean_logprob` (float, mean token log-prob) and `length` (int, tokens), plus whatever optional channels
-the probe adds (`entropy`, `hidden`, `token_logprobs`, ...), carried through unchanged.
-`make_record` is the one place that derives d, K, hits, o, format_failures and the vote.
+The records themselves (their columns, and the one place that builds them) are ``reach_lens.records``:
+one row per question with d (deployed correct), K, hits, o (some candidate correct), format_failures,
+vote_answer / vote_correct and the candidates.
 """
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from reach_lens.select import majority_vote
-
-RECORD_COLUMNS = ("question_id", "gold", "deployed_text", "deployed_answer", "d", "K", "hits", "o",
-                  "format_failures", "vote_answer", "vote_correct", "candidates")
-CANDIDATE_KEYS = ("text", "answer", "correct", "mean_logprob", "length")
-DEPLOYED_KEYS = ("text", "answer", "correct")
 Z95 = 1.959963984540054
-
-
-def _check_answer(where: str, answer: object, correct: object) -> None:
-    if answer is not None and not isinstance(answer, str):
-        raise TypeError(f"{where}: answer must be str or None, got {type(answer).__name__} {answer!r}")
-    if answer is None and bool(correct):
-        raise ValueError(f"{where}: answer None (format failure) cannot be graded correct")
-
-
-def _candidate(i: int, c: Mapping[str, object]) -> dict:
-    missing = [k for k in CANDIDATE_KEYS if k not in c]
-    if missing:
-        raise ValueError(f"candidate {i} lacks keys {missing} (needs {list(CANDIDATE_KEYS)})")
-    _check_answer(f"candidate {i}", c["answer"], c["correct"])
-    mean_logprob, length = float(c["mean_logprob"]), int(c["length"])
-    if not math.isfinite(mean_logprob) or length < 0:
-        raise ValueError(f"candidate {i}: mean_logprob must be finite and length >= 0, got {mean_logprob}, {length}")
-    return {**c, "text": str(c["text"]), "correct": bool(c["correct"]), "mean_logprob": mean_logprob, "length": length}
-
-
-def make_record(question_id: object, gold: str, deployed: Mapping[str, object],
-                candidates: Sequence[Mapping[str, object]]) -> dict:
-    """One record from the deployed (greedy) answer {text, answer, correct} and K >= 1 graded candidates.
-
-    The vote is `select.majority_vote`: format failures never win; ties go to the larger summed sequence
-    log-prob, then to the first occurrence.
-    """
-    missing = [k for k in DEPLOYED_KEYS if k not in deployed]
-    if missing:
-        raise ValueError(f"deployed lacks keys {missing} (needs {list(DEPLOYED_KEYS)})")
-    _check_answer("deployed", deployed["answer"], deployed["correct"])
-    if len(candidates) == 0:
-        raise ValueError("a record needs at least one candidate (K >= 1)")
-    cands = [_candidate(i, c) for i, c in enumerate(candidates)]
-    winner = cands[majority_vote(cands)]
-    hits = sum(c["correct"] for c in cands)
-    return {
-        "question_id": str(question_id),
-        "gold": str(gold),
-        "deployed_text": str(deployed["text"]),
-        "deployed_answer": deployed["answer"],
-        "d": bool(deployed["correct"]),
-        "K": len(cands),
-        "hits": hits,
-        "o": hits > 0,
-        "format_failures": sum(c["answer"] is None for c in cands),
-        "vote_answer": winner["answer"],
-        "vote_correct": winner["correct"],
-        "candidates": cands,
-    }
 
 
 def _require(records: pd.DataFrame, columns: Sequence[str], name: str = "records") -> None:

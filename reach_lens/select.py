@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from reach_lens.records import RECORD_COLUMNS
+
 Candidate = Mapping[str, object]
 Selector = Callable[[Sequence[Candidate]], int]
 
@@ -133,13 +135,19 @@ def recovery(selector_acc: float, greedy_acc: float, oracle_acc: float) -> float
     return (selector_acc - greedy_acc) / (oracle_acc - greedy_acc)
 
 
+_READ = ("d", "o", "K", "candidates")  # the record columns recovery_table reads
+if not set(_READ) <= set(RECORD_COLUMNS):  # a renamed record column fails here, at import, not inside a study
+    raise ImportError(f"select reads record columns {sorted(set(_READ) - set(RECORD_COLUMNS))} that "
+                      "reach_lens.records no longer defines")
+
+
 def recovery_table(records: pd.DataFrame, selectors: Mapping[str, Selector], by: Sequence[str] = ()) -> pd.DataFrame:
     """Per cell (groups of `by`; the whole table if empty) and selector: n, K, greedy (D), oracle (O_K), selector accuracy, recovery.
 
-    `records` are audit records (columns d, o, K, candidates). A selector's pick is correct when the chosen
-    candidate's `correct` is true.
+    `records` are `reach_lens.records` rows (columns d, o, K, candidates are read). A selector's pick is correct
+    when the chosen candidate's `correct` is true.
     """
-    missing = [c for c in ("d", "o", "K", "candidates", *by) if c not in records.columns]
+    missing = [c for c in (*_READ, *by) if c not in records.columns]
     if missing:
         raise ValueError(f"records lack columns {missing}")
     if len(records) == 0:

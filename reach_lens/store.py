@@ -1,16 +1,20 @@
-"""Run directories: a protocol fingerprint and append-only record tables that survive a kill at any point.
+"""Run directories: a protocol and append-only record tables that survive a kill at any point.
 
-    root/protocol.json                 {"fingerprint": sha256 of the canonical protocol JSON, "protocol": {...}}
+    root/protocol.json                 {"schema": "reach_lens.run/1", "fingerprint": Protocol.fingerprint(),
+                                        "protocol": Protocol.to_dict()}   (commit included, for the record)
     root/<table>/part-000000.parquet   one part per append, written to a temp file then os.replace'd
 
 A killed run loses at most the batch being written; earlier parts are never touched. Reading concatenates
 the parts in order and keeps the first row per key, so a batch written twice (a crash after the write,
-before the caller noticed) yields no duplicates. One writer per directory.
+before the caller noticed) yields no duplicates. A part that cannot be read is renamed
+``part-NNNNNN.parquet.corrupt`` (never deleted) with a warning; its keys leave ``done``, so a resumed run
+recomputes its rows. One writer per directory. Nothing is read back from directory names: what a run is
+lives in protocol.json.
 """
-import hashlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -18,45 +22,43 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reach_lens.protocol import Protocol, canonical_json
+
+SCHEMA = "reach_lens.run/1"
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _PART = re.compile(r"^part-(\d{6,})\.parquet$")
+_NUMBERED = re.compile(r"^part-(\d{6,})\.parquet(\.corrupt(-\d+)?)?$")  # parts and set-aside parts hold a number
+_SHOW = 300  # characters of a value shown in a mismatch message
 
 
 class ProtocolMismatch(ValueError):
     """The run directory already holds a run under a different protocol."""
 
 
-def canonical_json(obj: object) -> str:
-    """Sorted-key, compact JSON; NaN/inf and non-JSON types are errors."""
-    try:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"protocol is not plain JSON (dicts, lists, str, int, finite float, bool, None): {e}") from e
+class LegacyRunDirectory(ValueError):
+    """The run directory was written by an earlier reach_lens, before protocols were ``Protocol``s."""
 
 
-def fingerprint(protocol: Mapping[str, object]) -> str:
-    """sha256 hex digest of the canonical JSON of `protocol`."""
-    return hashlib.sha256(canonical_json(protocol).encode()).hexdigest()
+_ABSENT = object()
 
 
-def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(obj, dict) and obj:
-        out: dict[str, object] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
+def _show(value: object) -> str:
+    text = canonical_json(value) if value is not _ABSENT else "<absent>"
+    return text if len(text) <= _SHOW else f"{text[:_SHOW]}... ({len(text)} characters)"
 
 
-def protocol_diff(stored: Mapping[str, object], given: Mapping[str, object]) -> list[tuple[str, str, str]]:
-    """(dotted field, stored value, given value) as JSON for every field whose JSON differs (so 1 vs 1.0 vs true
-    differ, as they do in the fingerprint); a side that lacks the field shows <absent>."""
-    a, b = _flatten(dict(stored)), _flatten(dict(given))
-
-    def show(flat: dict[str, object], k: str) -> str:
-        return canonical_json(flat[k]) if k in flat else "<absent>"
-
-    return [(k, show(a, k), show(b, k)) for k in sorted(set(a) | set(b)) if show(a, k) != show(b, k)]
+def mismatch_lines(stored: Protocol, given: Protocol) -> list[str]:
+    """'field: stored X, given Y' for every differing matched field; settings are compared key by key."""
+    lines = []
+    for name, a, b in stored.diff(given):
+        if name == "settings":
+            for k in sorted(set(a) | set(b)):
+                va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
+                if va is _ABSENT or vb is _ABSENT or canonical_json(va) != canonical_json(vb):
+                    lines.append(f"settings.{k}: stored {_show(va)}, given {_show(vb)}")
+        else:
+            lines.append(f"{name}: stored {_show(a)}, given {_show(b)}")
+    return lines
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -81,27 +83,55 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 class RunStore:
-    """A run directory bound to one protocol (a JSON-able dict: model, checkpoint hash, task, split, n, seed, K, probe, ...)."""
+    """A run directory bound to one ``Protocol``: ``append`` rows to a table, ``read`` them back, ``done`` keys."""
 
-    def __init__(self, root: Path | str, protocol: Mapping[str, object]):
+    def __init__(self, root: Path | str, protocol: Protocol):
+        if not isinstance(protocol, Protocol):
+            raise TypeError(f"RunStore takes a reach_lens.protocol.Protocol, got {type(protocol).__name__}: build one "
+                            "with Protocol.of(study=..., model=..., task=..., questions=..., ...) or Protocol(...)")
         self.root = Path(root)
-        self.protocol = json.loads(canonical_json(protocol))  # tuples -> lists, as stored
-        self.fingerprint = fingerprint(self.protocol)
+        self.protocol = protocol
+        self.fingerprint = protocol.fingerprint()
         path = self.root / "protocol.json"
         if path.exists():
-            stored = json.loads(path.read_text())
-            if fingerprint(stored["protocol"]) != stored["fingerprint"]:
-                raise ValueError(f"{path}: fingerprint does not match its protocol (was the file edited?)")
-            if stored["fingerprint"] != self.fingerprint:
-                lines = "\n".join(f"  {k}: stored {s}, given {g}"
-                                  for k, s, g in protocol_diff(stored["protocol"], self.protocol))
-                raise ProtocolMismatch(f"{self.root} holds a run under a different protocol:\n{lines}\n"
-                                       f"Pick another directory for this protocol.")
+            stored = self._stored(path)
+            lines = mismatch_lines(stored, protocol)
+            if lines:
+                text = "\n".join(f"  {line}" for line in lines)
+                raise ProtocolMismatch(f"{self.root} holds a run under a different protocol "
+                                       f"({len(lines)} field(s) differ):\n{text}\n"
+                                       "Pick another directory for this protocol.")
+            # a different commit alone is fine: protocol.json keeps the one that started the run
         else:
             self.root.mkdir(parents=True, exist_ok=True)
-            text = json.dumps({"fingerprint": self.fingerprint, "protocol": self.protocol},
+            text = json.dumps({"schema": SCHEMA, "fingerprint": self.fingerprint, "protocol": protocol.to_dict()},
                               sort_keys=True, indent=2, ensure_ascii=False)
             _write_atomic(path, lambda p: p.write_text(text + "\n"))
+
+    def _stored(self, path: Path) -> Protocol:
+        """The protocol of an existing run directory; refuses earlier formats and edited files."""
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} cannot be read as JSON ({e}): move the directory aside or pick another one") from e
+        if not isinstance(stored, dict) or "schema" not in stored:
+            raise LegacyRunDirectory(
+                f"{self.root} was written by an earlier reach_lens: its protocol.json holds a hand-built dict, without "
+                "the grading rule (grader) or the question-set content hash, so whether its records match this "
+                "protocol cannot be checked. There is no automatic migration: those two fields cannot be recovered "
+                "from the old file, and filling them in from today's code would certify records that may have been "
+                "graded by another rule or drawn from other questions. Rerun into another --out directory, or move "
+                f"this one aside (e.g. mv {self.root} {self.root}.old) and rerun.")
+        if stored["schema"] != SCHEMA:
+            raise ValueError(f"{path} has schema {stored['schema']!r}; this reach_lens reads {SCHEMA!r} "
+                             "(written by another reach_lens version): use that version, or another directory")
+        try:
+            protocol = Protocol.from_dict(stored["protocol"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: its protocol is not valid ({e}); was the file edited?") from e
+        if protocol.fingerprint() != stored.get("fingerprint"):
+            raise ValueError(f"{path}: fingerprint does not match its protocol (was the file edited?)")
+        return protocol
 
     def _dir(self, table: str) -> Path:
         if not _TABLE_NAME.match(table):
@@ -113,6 +143,23 @@ class RunStore:
         if not d.is_dir():
             return []
         return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _PART.match(p.name)))
+
+    def _tables(self, table: str) -> list[pa.Table]:
+        """Every readable part of `table` in order; a part that cannot be read is set aside (see module docstring)."""
+        out = []
+        for _, path in self._parts(table):
+            try:
+                out.append(pq.read_table(path))
+            except pa.ArrowException as e:
+                aside = path.with_name(path.name + ".corrupt")
+                i = 0
+                while aside.exists():
+                    i += 1
+                    aside = path.with_name(f"{path.name}.corrupt-{i}")
+                os.replace(path, aside)
+                warnings.warn(f"{path} cannot be read ({type(e).__name__}: {e}); moved aside to {aside.name}. Its rows "
+                              "are no longer part of the table and will be recomputed on resume.", stacklevel=3)
+        return out
 
     def append(self, table: str, rows: Sequence[Mapping[str, object]] | pd.DataFrame) -> Path | None:
         """Write `rows` as one new part of `table`; returns its path (None for no rows). Every row needs the same keys."""
@@ -130,14 +177,14 @@ class RunStore:
             data = pa.table({k: pa.array([r[k] for r in rows]) for k in keys})
         d = self._dir(table)
         d.mkdir(parents=True, exist_ok=True)
-        parts = self._parts(table)
-        path = d / f"part-{(parts[-1][0] + 1) if parts else 0:06d}.parquet"
+        taken = [int(m.group(1)) for p in d.iterdir() if (m := _NUMBERED.match(p.name))]
+        path = d / f"part-{max(taken) + 1 if taken else 0:06d}.parquet"
         _write_atomic(path, lambda p: pq.write_table(data, p))
         return path
 
     def read(self, table: str, key: str | None = "question_id") -> pd.DataFrame:
-        """All parts in order, first row per `key` kept (no de-duplication if key is None); empty DataFrame if none."""
-        frames = [_to_pandas(pq.read_table(p)) for _, p in self._parts(table)]
+        """All readable parts in order, first row per `key` kept (no de-duplication if key is None); empty DataFrame if none."""
+        frames = [_to_pandas(t) for t in self._tables(table)]
         if not frames:
             return pd.DataFrame()
         df = pd.concat(frames, ignore_index=True)
@@ -148,10 +195,9 @@ class RunStore:
         return df
 
     def done(self, table: str, key: str = "question_id") -> set:
-        """Keys already stored in `table`."""
+        """Keys already stored in the readable parts of `table`."""
         keys: set = set()
-        for _, p in self._parts(table):
-            part = pq.read_table(p)
+        for part in self._tables(table):
             if key not in part.column_names:
                 raise ValueError(f"table {table!r} has no column {key!r} (columns: {part.column_names})")
             keys.update(part.column(key).to_pylist())

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach_lens.audit import (REACHABILITY_FATES, REALIZATION_FATES, bootstrap_ci, breakage_rate, fate_counts, fates,
-                              make_record, pass_at_k, reach_curve, realization_by_hit_rate_bin, repair_rate,
-                              summarize, wilson_interval)
+                              pass_at_k, reach_curve, realization_by_hit_rate_bin, repair_rate, summarize,
+                              wilson_interval)
+from reach_lens.records import make_record
+from reach_lens.select import majority_vote
 
 
 def cand(answer, correct=False, lp=-1.0, length=10, **extra):
@@ -67,42 +69,16 @@ def test_bootstrap_ci_properties():
         bootstrap_ci([])
 
 
-# ---- records
-
-
-def test_make_record_derives_fields():
-    r = make_record(17, "5", deployed("4", False), [
-        cand("5", True, lp=-0.2), cand(None), cand("4"), cand("4"), cand("5", True), cand(None), cand("4"),
-        cand("5", True, entropy=0.3),
-    ])
-    assert r["question_id"] == "17"
-    assert (r["d"], r["K"], r["hits"], r["o"], r["format_failures"]) == (False, 8, 3, True, 2)
-    # "4" and "5" tie with 3 votes; "5" has summed seq log-prob -2 - 10 - 10 > -30 of "4"
-    assert r["vote_answer"] == "5" and r["vote_correct"] is True
-    assert r["candidates"][7]["entropy"] == 0.3  # optional channels carried through
-
-
-def test_make_record_vote_none_when_every_candidate_fails():
-    r = make_record("q", "5", deployed(None, False), [cand(None), cand(None)])
-    assert r["vote_answer"] is None and r["vote_correct"] is False and r["format_failures"] == 2 and not r["o"]
-
-
-def test_make_record_rejects_inconsistent_input():
-    with pytest.raises(ValueError, match="cannot be graded correct"):
-        make_record("q", "5", deployed("5", True), [cand(None, True)])
-    with pytest.raises(ValueError, match=r"candidate 0 lacks keys \['length'\]"):
-        make_record("q", "5", deployed("5", True), [{"text": "", "answer": "5", "correct": True, "mean_logprob": 0}])
-    with pytest.raises(ValueError, match="at least one candidate"):
-        make_record("q", "5", deployed("5", True), [])
-    with pytest.raises(TypeError, match="must be str or None"):
-        make_record("q", "5", deployed("5", True), [cand(5)])
+# ---- aggregates (records themselves: tests/test_records.py)
 
 
 def _table(spec, K=4):
     """spec: list of (qid, d, hits); candidate answers are "g" for correct, "w" otherwise."""
-    return pd.DataFrame([make_record(q, "g", deployed("g" if d else "w", d),
-                                     [cand("g", True) for _ in range(h)] + [cand("w") for _ in range(K - h)])
-                         for q, d, h in spec])
+    rows = []
+    for q, d, h in spec:
+        cands = [cand("g", True) for _ in range(h)] + [cand("w") for _ in range(K - h)]
+        rows.append(make_record(q, "g", deployed("g" if d else "w", d), cands, majority_vote(cands)))
+    return pd.DataFrame(rows)
 
 
 def test_reach_curve_endpoints_and_band():

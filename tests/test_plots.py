@@ -1,7 +1,9 @@
 import pandas as pd
 import pytest
 
-from reach_lens.audit import breakage_rate, make_record, reach_curve, repair_rate, summarize
+from reach_lens.audit import breakage_rate, reach_curve, repair_rate, summarize
+from reach_lens.records import make_record
+from reach_lens.select import majority_vote
 from reach_lens.plots import (plot_census, plot_layer_sweep, plot_reach_curve, plot_steering, plot_temperature_gap,
                               plot_units)
 
@@ -14,10 +16,11 @@ def _is_png(path) -> bool:
 
 
 def _records(hits, d, K=8):
+    cands = [[{"text": "", "answer": "g" if k < h else "w", "correct": k < h, "mean_logprob": -1.0, "length": 5}
+              for k in range(K)] for h in hits]
     return pd.DataFrame([make_record(i, "g", {"text": "", "answer": "g" if di else "w", "correct": bool(di)},
-                                     [{"text": "", "answer": "g" if k < h else "w", "correct": k < h,
-                                       "mean_logprob": -1.0, "length": 5} for k in range(K)])
-                         for i, (h, di) in enumerate(zip(hits, d))])
+                                     cs, majority_vote(cs))
+                         for i, (cs, di) in enumerate(zip(cands, d))])
 
 
 RECS = _records([0, 1, 3, 8, 0, 2, 5, 0], [0, 0, 1, 1, 0, 0, 1, 0])

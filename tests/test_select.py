@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from reach_lens.records import RECORD_COLUMNS, make_record
 from reach_lens.select import (SELECTORS, hidden_medoid, likelihood_weighted_vote, majority_vote, max_mean_logprob,
                                min_entropy, recovery, recovery_table)
 
@@ -122,3 +123,15 @@ def test_recovery_table_per_cell():
     assert len(whole) == 1 and whole.loc[0, "n"] == 3
     with pytest.raises(ValueError, match="lack columns"):
         recovery_table(recs.drop(columns="o"), SELECTORS)
+
+
+def test_recovery_table_reads_records_built_by_make_record():
+    # the majority-vote channel of recovery_table agrees with the vote that make_record stored
+    specs = [(False, [cand("1", True), cand("2"), cand("1", True)]), (False, [cand("4"), cand("4"), cand("5", True)]),
+             (True, [cand(None), cand("7", True), cand("8")])]
+    recs = pd.DataFrame([make_record(f"q{i}", "g", {"text": "", "answer": "x", "correct": d}, cs, majority_vote(cs))
+                         for i, (d, cs) in enumerate(specs)])
+    assert set(recs.columns) == set(RECORD_COLUMNS)
+    t = recovery_table(recs, {"majority_vote": majority_vote}).iloc[0]
+    assert t.selector_acc == pytest.approx(recs.vote_correct.mean()) == pytest.approx(2 / 3)
+    assert (t.greedy, t.oracle, t.K) == (pytest.approx(1 / 3), 1.0, 3)

@@ -5,22 +5,31 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from reach_lens.audit import make_record
-from reach_lens.store import ProtocolMismatch, RunStore, fingerprint
+from reach_lens.hooks import Silence
+from reach_lens.protocol import Protocol, question_set_hash
+from reach_lens.records import make_record
+from reach_lens.store import LegacyRunDirectory, ProtocolMismatch, RunStore
+from reach_lens.tasks import Question
 
 REPO = Path(__file__).resolve().parents[1]
-PROTOCOL = {"model": "tiny", "task": "arith", "split": "test", "n": 12, "seed": 0, "T": 0.8, "K": 3,
-            "probe": {"kind": "sample", "max_new_tokens": 8}, "interventions": []}
+QUESTIONS = [Question(f"q{i:03d}", "", str(i % 5)) for i in range(12)]
+PROTOCOL = Protocol(study="store_test", model="tiny", weights="0123456789abcdef", task="arith", source=None,
+                    split="test", questions=question_set_hash(QUESTIONS), n=12, seed=0, fmt="shared",
+                    grader="numeric/1", probe="sample", K=3, temperature=0.8, max_new_tokens=8, stop_strings=(),
+                    settings={"alphas": [2, 4]}, version="0.1.0", commit="c0ffee")
 
 # A resumable run: computes one record per question, logs each computation, appends one question at a time.
 WORKER = '''
 import os, sys, time
-from reach_lens.audit import make_record
+from reach_lens.protocol import Protocol
+from reach_lens.records import make_record
+from reach_lens.select import majority_vote
 from reach_lens.store import RunStore
 
 def record(i):
@@ -29,12 +38,13 @@ def record(i):
     cands = [{"text": f"t{i}-{k}", "answer": a, "correct": a == gold, "mean_logprob": -0.1 * (k + 1),
               "length": 3 + k, "hidden": [float(i), float(k), 0.5]} for k, a in enumerate(answers)]
     ans = gold if i % 3 else None
-    return make_record(f"q{i:03d}", gold, {"text": f"d{i}", "answer": ans, "correct": ans == gold}, cands)
+    return make_record(f"q{i:03d}", gold, {"text": f"d{i}", "answer": ans, "correct": ans == gold}, cands,
+                       majority_vote(cands))
 
 def main(root, calls_path, sleep, protocol):
     store = RunStore(root, protocol)
     done = store.done("records")
-    for i in range(protocol["n"]):
+    for i in range(protocol.n):
         qid = f"q{i:03d}"
         if qid in done:
             continue
@@ -48,7 +58,7 @@ def main(root, calls_path, sleep, protocol):
 
 if __name__ == "__main__":
     import json
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), Protocol.from_dict(json.loads(sys.argv[4])))
 '''
 
 
@@ -68,7 +78,7 @@ def _calls(path: Path) -> list[str]:
 
 def test_killed_run_resumes_without_loss_duplicates_or_recomputation(tmp_path, worker):
     script, module = worker
-    n = PROTOCOL["n"]
+    n = PROTOCOL.n
     ref_root = tmp_path / "uninterrupted"
     module.main(ref_root, tmp_path / "ref_calls.txt", 0.0, PROTOCOL)
     reference = RunStore(ref_root, PROTOCOL).read("records")
@@ -76,7 +86,7 @@ def test_killed_run_resumes_without_loss_duplicates_or_recomputation(tmp_path, w
 
     root, calls1, calls2 = tmp_path / "run", tmp_path / "calls1.txt", tmp_path / "calls2.txt"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(calls1), "0.3", json.dumps(PROTOCOL)],
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(calls1), "0.3", json.dumps(PROTOCOL.to_dict())],
                             env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
@@ -122,8 +132,8 @@ def test_round_trip_keeps_none_nested_fields_and_dtypes(tmp_path, worker):
 
 def test_optional_candidate_keys_missing_on_some_rows_read_back_as_none(tmp_path):
     base = {"text": "x", "answer": "1", "correct": True, "mean_logprob": -0.5, "length": 2}
-    rows = [make_record("a", "1", {"text": "1", "answer": "1", "correct": True}, [{**base, "entropy": 0.7}]),
-            make_record("b", "1", {"text": "1", "answer": "1", "correct": True}, [base])]
+    rows = [make_record("a", "1", {"text": "1", "answer": "1", "correct": True}, [{**base, "entropy": 0.7}], 0),
+            make_record("b", "1", {"text": "1", "answer": "1", "correct": True}, [base], 0)]
     store = RunStore(tmp_path, PROTOCOL)
     store.append("records", rows)
     back = store.read("records")
@@ -159,35 +169,70 @@ def test_append_rejects_ragged_rows_and_bad_table_names(tmp_path):
 
 
 def test_protocol_file_and_fingerprint(tmp_path):
-    RunStore(tmp_path, PROTOCOL)
+    store = RunStore(tmp_path, PROTOCOL)
     stored = json.loads((tmp_path / "protocol.json").read_text())
-    assert stored["protocol"] == PROTOCOL and stored["fingerprint"] == fingerprint(PROTOCOL)
-    reordered = dict(reversed(list(PROTOCOL.items())))
-    RunStore(tmp_path, {**reordered, "interventions": ()})  # key order and tuple/list do not matter
-    assert fingerprint({**PROTOCOL, "T": 1}) != fingerprint({**PROTOCOL, "T": 1.0})
-    with pytest.raises(ValueError, match="not plain JSON"):
-        RunStore(tmp_path / "other", {**PROTOCOL, "T": float("nan")})
+    assert stored == {"schema": "reach_lens.run/1", "fingerprint": PROTOCOL.fingerprint(),
+                      "protocol": PROTOCOL.to_dict()}
+    assert stored["protocol"]["commit"] == "c0ffee" and store.fingerprint == PROTOCOL.fingerprint()
+    # lists vs tuples, key order and intervention objects vs their dicts do not matter
+    RunStore(tmp_path, PROTOCOL.replace(stop_strings=[], settings={"alphas": (2, 4)}))
+    with_silence = PROTOCOL.replace(interventions=[Silence("mlp", 1)])
+    RunStore(tmp_path / "other", with_silence)
+    RunStore(tmp_path / "other", with_silence.replace(interventions=(Silence("mlp", 1).to_dict(),)))
+
+
+def test_only_a_protocol_is_accepted(tmp_path):
+    for given in (PROTOCOL.to_dict(), json.dumps(PROTOCOL.to_dict()), None):
+        with pytest.raises(TypeError, match=r"RunStore takes a reach_lens.protocol.Protocol, got \w+: build one with "
+                                            r"Protocol.of"):
+            RunStore(tmp_path, given)
+    assert not (tmp_path / "protocol.json").exists()
 
 
 def test_protocol_mismatch_names_every_differing_field(tmp_path):
     RunStore(tmp_path, PROTOCOL)
-    changed = {**PROTOCOL, "K": 16, "probe": {"kind": "sample", "max_new_tokens": 32}, "extra": "x"}
-    del changed["seed"]
+    other_questions = [*QUESTIONS[:-1], Question("q011", "", "0")]  # one gold answer changed
+    changed = PROTOCOL.replace(K=16, temperature=1.0, grader="numeric/2", questions=question_set_hash(other_questions),
+                               settings={"alphas": [2, 4, 8], "extra": "x"}, interventions=[Silence("attn", 3)],
+                               commit="another")
     with pytest.raises(ProtocolMismatch) as e:
         RunStore(tmp_path, changed)
     msg = str(e.value)
-    assert str(tmp_path) in msg
+    assert str(tmp_path) in msg and "7 field(s) differ" in msg
     assert "K: stored 3, given 16" in msg
-    assert "probe.max_new_tokens: stored 8, given 32" in msg
-    assert "seed: stored 0, given <absent>" in msg
-    assert 'extra: stored <absent>, given "x"' in msg
+    assert "temperature: stored 0.8, given 1.0" in msg
+    assert 'grader: stored "numeric/1", given "numeric/2"' in msg
+    assert f'questions: stored "{PROTOCOL.questions}", given "{changed.questions}"' in msg
+    assert "settings.alphas: stored [2,4], given [2,4,8]" in msg
+    assert 'settings.extra: stored <absent>, given "x"' in msg
+    assert 'interventions: stored [], given [{"component":"attn","kind":"silence","layer":3,' in msg
     assert "Pick another directory" in msg
-    assert "model" not in msg and "probe.kind" not in msg  # only differing fields are listed
-    with pytest.raises(ProtocolMismatch, match=r"T: stored 0.8, given 1\b"):
-        RunStore(tmp_path, {**PROTOCOL, "T": 1})
+    assert "commit" not in msg and "model" not in msg and "n:" not in msg  # only differing matched fields
+    with pytest.raises(ProtocolMismatch, match=r"settings.alphas: stored \[2,4\], given \[2.0,4\]"):
+        RunStore(tmp_path, PROTOCOL.replace(settings={"alphas": [2.0, 4]}))
 
 
-def test_edited_protocol_file_is_detected(tmp_path):
+def test_a_different_commit_alone_is_fine_and_the_stored_one_stays(tmp_path):
+    RunStore(tmp_path, PROTOCOL)
+    store = RunStore(tmp_path, PROTOCOL.replace(commit="newer"))
+    assert store.protocol.commit == "newer"
+    assert json.loads((tmp_path / "protocol.json").read_text())["protocol"]["commit"] == "c0ffee"
+
+
+def test_a_directory_of_the_earlier_store_is_refused_with_how_to_proceed(tmp_path):
+    old = {"model": "tiny", "checkpoint": "0123456789abcdef", "task": "arith", "n": 12, "seed": 0, "T": 0.8}
+    (tmp_path / "protocol.json").write_text(json.dumps({"fingerprint": "0" * 64, "protocol": old}))
+    with pytest.raises(LegacyRunDirectory) as e:
+        RunStore(tmp_path, PROTOCOL)
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "earlier reach_lens" in msg
+    assert "grader" in msg and "question-set content hash" in msg
+    assert "no automatic migration" in msg and "cannot be recovered" in msg
+    assert "another --out" in msg and f"mv {tmp_path} {tmp_path}.old" in msg
+    assert json.loads((tmp_path / "protocol.json").read_text())["protocol"] == old  # left as it was
+
+
+def test_edited_or_unreadable_protocol_file_is_detected(tmp_path):
     RunStore(tmp_path, PROTOCOL)
     path = tmp_path / "protocol.json"
     stored = json.loads(path.read_text())
@@ -195,3 +240,38 @@ def test_edited_protocol_file_is_detected(tmp_path):
     path.write_text(json.dumps(stored))
     with pytest.raises(ValueError, match="was the file edited"):
         RunStore(tmp_path, PROTOCOL)
+    stored["protocol"]["K"], stored["protocol"]["T"] = 3, 0.8
+    path.write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"unknown protocol fields \['T'\].*was the file edited"):
+        RunStore(tmp_path, PROTOCOL)
+    path.write_text(json.dumps({**stored, "schema": "reach_lens.run/99"}))
+    with pytest.raises(ValueError, match="schema 'reach_lens.run/99'; this reach_lens reads 'reach_lens.run/1'"):
+        RunStore(tmp_path, PROTOCOL)
+    path.write_text('{"schema": ')
+    with pytest.raises(ValueError, match="cannot be read as JSON"):
+        RunStore(tmp_path, PROTOCOL)
+
+
+def test_a_corrupted_part_is_set_aside_with_a_warning_and_recomputed(tmp_path):
+    store = RunStore(tmp_path, PROTOCOL)
+    for i in range(3):
+        store.append("records", [{"question_id": f"q{2 * i}", "v": 2 * i}, {"question_id": f"q{2 * i + 1}", "v": 1}])
+    bad = tmp_path / "records" / "part-000001.parquet"
+    garbage = b"PAR1 this is not a parquet file"
+    bad.write_bytes(garbage)
+    with pytest.warns(UserWarning, match=r"part-000001.parquet cannot be read .*moved aside to "
+                                         r"part-000001.parquet.corrupt.*recomputed on resume"):
+        assert store.done("records") == {"q0", "q1", "q4", "q5"}
+    assert not bad.exists() and (tmp_path / "records" / "part-000001.parquet.corrupt").read_bytes() == garbage
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # set aside once: later reads are clean
+        assert store.read("records")["question_id"].tolist() == ["q0", "q1", "q4", "q5"]
+    # the resumed run writes the missing rows as a new part; the set-aside number is not reused
+    assert store.append("records", [{"question_id": "q2", "v": 2}, {"question_id": "q3", "v": 1}]).name == \
+        "part-000003.parquet"
+    assert sorted(store.read("records")["question_id"]) == [f"q{i}" for i in range(6)]
+    # read() sets a corrupt part aside as well, and never overwrites an earlier set-aside copy
+    (tmp_path / "records" / "part-000001.parquet").write_bytes(b"garbage again")
+    with pytest.warns(UserWarning, match=r"moved aside to part-000001.parquet.corrupt-1"):
+        assert len(store.read("records")) == 6
+    assert (tmp_path / "records" / "part-000001.parquet.corrupt").read_bytes() == garbage

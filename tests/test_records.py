@@ -1,0 +1,164 @@
+"""Records as data: the one candidate builder (from a Generation) and make_record with the caller's vote."""
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reach_lens.generate.types import Generation
+from reach_lens.records import CANDIDATE_KEYS, RECORD_COLUMNS, candidate, make_record
+from reach_lens.select import majority_vote
+from reach_lens.tasks import Graded, Question
+
+PACKAGE = Path(__file__).resolve().parents[1] / "reach_lens"
+Q = Question("q7", "2+3?", "5")
+
+
+class StandInTask:
+    """Grades by the last word of the completion; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def grade(self, q: Question, completion: str) -> Graded:
+        self.calls.append((q.id, completion))
+        words = completion.split()
+        answer = words[-1] if words else None
+        return Graded(answer, answer == q.gold)
+
+
+def gen(text="so 5", tokens=(11, 12, 13), logprobs=(-0.1, -0.2, -0.6), entropies=(1.0, 0.5, 0.0), **kw):
+    return Generation(tokens=list(tokens), token_logprobs=list(logprobs), token_entropies=list(entropies),
+                      finish_reason=kw.pop("finish_reason", "eos"), text=text, **kw)
+
+
+def cand(answer, correct=False, lp=-1.0, length=10, **extra):
+    return {"text": f"so {answer}", "answer": answer, "correct": correct, "mean_logprob": lp, "length": length, **extra}
+
+
+def deployed(answer, correct):
+    return {"text": f"the answer is {answer}", "answer": answer, "correct": correct}
+
+
+# ---- candidate
+
+
+def test_candidate_from_a_generation():
+    task = StandInTask()
+    c = candidate(task, Q, gen(route=(0, 1, 1, 3)), temperature=0.8)
+    assert task.calls == [("q7", "so 5")]
+    assert c == {"text": "so 5", "answer": "5", "correct": True, "mean_logprob": pytest.approx(-0.3), "length": 3,
+                 "entropy": pytest.approx(0.5), "finish_reason": "eos", "route": [0, 1, 1, 3], "hidden": None,
+                 "temperature": 0.8}
+    assert type(c["correct"]) is bool and set(CANDIDATE_KEYS) <= set(c)
+
+
+def test_candidate_without_text_or_route_and_wrong_answer():
+    task = StandInTask()
+    c = candidate(task, Q, gen(text=None, finish_reason="length"))
+    assert task.calls == [("q7", "")] and c["text"] == "" and c["answer"] is None and c["correct"] is False
+    assert c["route"] is None and c["finish_reason"] == "length"
+    assert candidate(task, Q, gen(text="it is 4"))["correct"] is False
+
+
+def test_candidate_hidden_only_when_asked_and_present():
+    h = torch.tensor([0.25, -1.5, 3.0], dtype=torch.bfloat16)
+    g = gen(hidden=h)
+    assert candidate(StandInTask(), Q, g)["hidden"] is None
+    kept = candidate(StandInTask(), Q, g, keep_hidden=True)["hidden"]
+    assert kept == [0.25, -1.5, 3.0] and all(type(x) is float for x in kept)
+    assert candidate(StandInTask(), Q, gen(), keep_hidden=True)["hidden"] is None
+    with pytest.raises(ValueError, match=r"one \[d_model\] vector, got shape \(1, 3\)"):
+        candidate(StandInTask(), Q, gen(hidden=h[None]), keep_hidden=True)
+
+
+def test_candidate_refuses_clashing_extras_and_empty_generations():
+    with pytest.raises(ValueError, match=r"extra keys \['answer', 'hidden'\] would overwrite"):
+        candidate(StandInTask(), Q, gen(), answer="6", hidden=[1.0])
+    with pytest.raises(ValueError, match="question 'q7': the generation has no tokens"):
+        candidate(StandInTask(), Q, gen(tokens=(), logprobs=(), entropies=()))
+
+
+def test_candidates_make_a_record_that_round_trips_the_vote():
+    task = StandInTask()
+    cands = [candidate(task, Q, gen(text=t)) for t in ("so 4", "so 5", "so 5", "no idea:")]
+    r = make_record(Q.id, Q.gold, deployed("4", False), cands, majority_vote(cands))
+    assert (r["K"], r["hits"], r["o"], r["format_failures"], r["vote_answer"], r["vote_correct"]) == \
+        (4, 2, True, 0, "5", True)
+    assert list(r) == list(RECORD_COLUMNS)
+
+
+# ---- make_record (moved from audit)
+
+
+def test_make_record_derives_fields():
+    cands = [cand("5", True, lp=-0.2), cand(None), cand("4"), cand("4"), cand("5", True), cand(None), cand("4"),
+             cand("5", True, entropy=0.3)]
+    r = make_record(17, "5", deployed("4", False), cands, majority_vote(cands))
+    assert r["question_id"] == "17"
+    assert (r["d"], r["K"], r["hits"], r["o"], r["format_failures"]) == (False, 8, 3, True, 2)
+    # "4" and "5" tie with 3 votes; "5" has summed seq log-prob -2 - 10 - 10 > -30 of "4"
+    assert r["vote_answer"] == "5" and r["vote_correct"] is True
+    assert r["candidates"][7]["entropy"] == 0.3  # optional channels carried through
+
+
+def test_make_record_takes_the_vote_it_is_given():
+    cands = [cand("5", True), cand("5", True), cand("4")]
+    assert majority_vote(cands) == 0
+    r = make_record("q", "5", deployed("4", False), cands, 2)  # another selector's pick
+    assert r["vote_answer"] == "4" and r["vote_correct"] is False and r["hits"] == 2
+
+
+def test_make_record_vote_none_when_every_candidate_fails():
+    cands = [cand(None), cand(None)]
+    r = make_record("q", "5", deployed(None, False), cands, majority_vote(cands))
+    assert r["vote_answer"] is None and r["vote_correct"] is False and r["format_failures"] == 2 and not r["o"]
+
+
+@pytest.mark.parametrize("vote", [-1, 3, True, 1.0, "0", None])
+def test_make_record_refuses_a_vote_that_is_not_a_candidate_index(vote):
+    with pytest.raises(ValueError, match=rf"vote {vote!r} must be the index of a candidate \(an int in 0..2\)"):
+        make_record("q", "5", deployed("5", True), [cand("5", True), cand("4"), cand("3")], vote)
+
+
+def test_make_record_rejects_inconsistent_input():
+    with pytest.raises(ValueError, match="cannot be graded correct"):
+        make_record("q", "5", deployed("5", True), [cand(None, True)], 0)
+    with pytest.raises(ValueError, match="deployed: answer None"):
+        make_record("q", "5", deployed(None, True), [cand("5", True)], 0)
+    with pytest.raises(ValueError, match=r"candidate 0 lacks keys \['length'\]"):
+        make_record("q", "5", deployed("5", True), [{"text": "", "answer": "5", "correct": True, "mean_logprob": 0}], 0)
+    with pytest.raises(ValueError, match=r"deployed lacks keys \['correct'\]"):
+        make_record("q", "5", {"text": "", "answer": "5"}, [cand("5")], 0)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        make_record("q", "5", deployed("5", True), [], 0)
+    with pytest.raises(TypeError, match="must be str or None"):
+        make_record("q", "5", deployed("5", True), [cand(5)], 0)
+    with pytest.raises(ValueError, match="mean_logprob must be finite"):
+        make_record("q", "5", deployed("5", True), [cand("5", lp=math.nan)], 0)
+
+
+# ---- module dependencies: records are data that audit and select read; audit no longer imports select
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("reach_lens")}
+
+
+def test_records_audit_select_dependencies():
+    assert not any(m.startswith(("reach_lens.select", "reach_lens.audit")) for m in _imports("records"))
+    assert not any(m.startswith(("reach_lens.select", "reach_lens.records.make_record")) for m in _imports("audit"))
+    assert "reach_lens.records" in _imports("select")
+    assert not any(m.startswith("reach_lens.audit") for m in _imports("select"))
+    from reach_lens import audit
+
+    assert not hasattr(audit, "make_record") and not hasattr(audit, "RECORD_COLUMNS")  # no re-export shims
