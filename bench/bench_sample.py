@@ -1,14 +1,14 @@
-"""Sampling throughput: reach_lens ``generate`` against Hugging Face ``generate`` on the same model.
+"""Sampling throughput: the reach_lens engine against Hugging Face ``generate`` on the same model.
 
 Work, identical for both: for each of 20 prompts, K=16 samples of exactly 32 new tokens at T=0.8 (no
-top-k/top-p; EOS does not stop a row: reach_lens with ``stop_token_ids=()``, HF with
+top-k/top-p; EOS does not stop a row: reach_lens requests with ``stop_token_ids=()``, HF with
 ``min_new_tokens=32``). Prompt sets (the embedded SmolLM2-135M-Instruct, chat format "native"):
 
 - arc: the first 20 ARC-Easy test questions (about 90 prompt tokens);
 - logiqa: the first 20 LogiQA test questions whose prompt has at least 280 tokens (about 320).
 
 HF runs one ``generate(num_return_sequences=16)`` per prompt (it expands the prompt to 16 rows before its
-prefill); reach_lens runs one ``generate(n_per_prompt=16)`` over all prompts (one prefill per prompt).
+prefill); reach_lens runs one ``Engine.generate`` over all 16 x 20 requests (one prefill per prompt).
 Each method runs in its own subprocess; peak memory is that process's resident-set high-water mark
 during generation (reset after loading where Linux allows it). One prompt is run first as a warm-up.
 
@@ -75,15 +75,16 @@ def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     if method == "reach_lens":
-        from reach_lens.sampling import generate
+        from reach_lens.generate import Request, TransformerLensEngine, row_seed
 
         model = load_model()
         prompts = [encode(model, p) for p in prompt_set(set_name, n, model.tokenizer)]
 
         def run(batch: list[list[int]]) -> int:
-            out = generate(model, batch, n_per_prompt=K, temperature=TEMPERATURE, seeds=list(range(len(batch))),
-                           max_new_tokens=NEW_TOKENS, stop_token_ids=())
-            return sum(len(g.tokens) for gs in out for g in gs)
+            engine = TransformerLensEngine(model)  # a fresh one: no prompt prefix kept from the warm-up
+            requests = [Request(p, NEW_TOKENS, temperature=TEMPERATURE, seed=row_seed(i, k), stop_token_ids=())
+                        for i, p in enumerate(batch) for k in range(K)]
+            return sum(len(g.tokens) for g in engine.generate(requests))
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reach_lens import audit, localize, plots  # noqa: E402
-from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
+from reach_lens.models import load_model, prune_magnitude  # noqa: E402
+from reach_lens.protocol import Protocol  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
 
@@ -63,9 +64,9 @@ def main(argv=None) -> int:
         for task_name, source in task_sources:
             task = get_task(task_name)
             questions = subsample(task.load(source), args.n, args.seed)
-            protocol = {"study": "census", "model": name, "checkpoint": model_fingerprint(model), "task": task_name,
-                        "source": str(source), "n": len(questions), "seed": args.seed, "format": args.fmt,
-                        "recognition": args.recognition, "probe": "greedy"}
+            protocol = Protocol.of(study="census", model=model, task=task, questions=questions, source=source,
+                                   seed=args.seed, fmt=args.fmt, probe="screen",
+                                   settings={"recognition": args.recognition, "sparsity": sparsity})
             store = RunStore(args.out / f"{name}-{task_name}-n{len(questions)}-s{args.seed}", protocol)
             done = store.done("screen")
             todo = [q for q in questions if q.id not in done]

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from reach_lens import audit, localize, plots, probes  # noqa: E402
 from reach_lens.hooks import Silence, Steer, Units, hooks_for, random_units, top_units_along, unit_output_mass  # noqa: E402
 from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
+from reach_lens.protocol import Protocol  # noqa: E402
 from reach_lens.probes import prompt_ids  # noqa: E402
 from reach_lens.sampling import make_prefix  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
@@ -229,15 +230,12 @@ def main(argv=None) -> int:
     all_questions = task.load(args.source, args.split)
     questions = subsample(all_questions, args.n or None, args.seed) if args.n and args.n < len(all_questions) else all_questions
     layers = parse_layers(args.layers, model.cfg.n_layers)
-    protocol = {
-        "study": "mlp_localize", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
-        "task": args.task, "source": str(args.source), "split": args.split, "n": len(questions), "seed": args.seed,
-        "format": args.fmt, "recognition": args.recognition, "temperature": 0.0, "probe": "greedy",
-        "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt)),
-        "layers": layers, "max_eval": args.max_eval, "calibration_share": args.calibration_share,
-        "alphas": args.alphas, "unit_k": args.unit_k, "random_seeds": args.random_seeds, "prune": args.prune,
-        "planted": args.planted, "planted_strength": args.planted_strength,
-    }
+    protocol = Protocol.of(study="mlp_localize", model=model, task=task, questions=questions, source=args.source,
+                           split=args.split, seed=args.seed, fmt=args.fmt, probe="screen", settings={
+        "recognition": args.recognition, "layers": layers, "max_eval": args.max_eval,
+        "calibration_share": args.calibration_share, "alphas": args.alphas, "unit_k": args.unit_k,
+        "random_seeds": args.random_seeds, "prune": args.prune, "planted": args.planted,
+        "planted_strength": args.planted_strength})
     tag = f"{model.cfg.model_name}-{args.task}-n{len(questions)}-s{args.seed}"
     tag += f"-planted{args.planted}" if args.planted is not None else ""
     run_dir = args.out / tag
@@ -248,8 +246,8 @@ def main(argv=None) -> int:
     if args.planted is not None:
         model, questions, planted_info = plant(model, task, questions, args, store)
         # the planted checkpoint's results live in their own store, keyed by the edit actually made
-        store = RunStore(run_dir / "planted_model", {**protocol, "planted_strength": planted_info["strength"],
-                                                     "checkpoint": model_fingerprint(model)})
+        store = RunStore(run_dir / "planted_model", protocol.replace(
+            weights=model_fingerprint(model), settings={**protocol.settings, "planted_strength": planted_info["strength"]}))
     questions_by_id = {q.id: q for q in questions}
 
     # 1. screen and panels, fixed before any intervention

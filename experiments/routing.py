@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reach_lens.audit import bootstrap_ci  # noqa: E402
-from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
+from reach_lens.models import load_model, prune_magnitude  # noqa: E402
+from reach_lens.protocol import Protocol  # noqa: E402
 from reach_lens.probes import question_seed  # noqa: E402
 from reach_lens.routing import (  # noqa: E402
     METHODS, SPACES, RouteEvaluator, RouterCell, learned_router_outcomes, make_space, run_searches)
@@ -113,11 +114,9 @@ def search_chunk(model, task, questions, args) -> tuple[list[dict], list[dict]]:
 
 def cell_store(model, model_label: str, task, questions, args) -> RunStore:
     task_name = task.name
-    protocol = {"study": "routing", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
-                "task": task_name, "source": str(args.source), "split": args.split, "n": len(questions),
-                "seed": args.seed, "format": args.fmt, "K": args.K, "spaces": args.spaces, "methods": args.methods,
-                "probe": "greedy under routes", "reward": "greedy correctness",
-                "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt))}
+    protocol = Protocol.of(study="routing", model=model, task=task, questions=questions, source=args.source,
+                           split=args.split, seed=args.seed, fmt=args.fmt, probe="route", K=args.K,
+                           settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness"})
     return RunStore(args.out / f"{model_label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}", protocol)
 
 

@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reach_lens import audit, plots, probes  # noqa: E402
-from reach_lens.models import load_model, model_fingerprint  # noqa: E402
+from reach_lens.models import load_model  # noqa: E402
+from reach_lens.protocol import Protocol  # noqa: E402
+from reach_lens.records import make_record  # noqa: E402
+from reach_lens.select import majority_vote  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
 
@@ -58,12 +61,11 @@ def main(argv=None) -> int:
     task = get_task(args.task)
     model = load_model(args.model)
     questions = subsample(task.load(args.source, args.split), args.n, args.seed)
-    base_protocol = {"study": "sampling_gap", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
-                     "task": args.task, "source": str(args.source), "split": args.split, "n": len(questions),
-                     "seed": args.seed, "format": args.fmt, "interventions": []}
+    base_protocol = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, source=args.source,
+                                split=args.split, seed=args.seed, fmt=args.fmt, probe="deploy")
     tag = f"{model.cfg.model_name}-{args.task}-n{len(questions)}-K{args.K}-s{args.seed}"
 
-    deploy_store = RunStore(args.out / tag / "deployed", {**base_protocol, "probe": "greedy"})
+    deploy_store = RunStore(args.out / tag / "deployed", base_protocol)
     todo = [q for q in questions if q.id not in deploy_store.done("deployed")]
     for start in tqdm(range(0, len(todo), args.chunk), desc="greedy deployment", unit="chunk"):
         part = todo[start:start + args.chunk]
@@ -74,13 +76,13 @@ def main(argv=None) -> int:
     temperatures = sorted(set(args.temperatures) | {args.T})
     summaries, records_at = [], {}
     for T in temperatures:
-        store = RunStore(args.out / tag / f"T{T:g}", {**base_protocol, "probe": "sample", "K": args.K, "T": T})
+        store = RunStore(args.out / tag / f"T{T:g}", base_protocol.replace(probe="sample", K=args.K, temperature=T))
         todo = [q for q in questions if q.id not in store.done("records")]
         for start in tqdm(range(0, len(todo), args.chunk), desc=f"sampling K={args.K} at T={T:g}", unit="chunk"):
             part = todo[start:start + args.chunk]
             candidates = probes.sample(model, task, part, args.fmt, K=args.K, temperature=T, seed=args.seed,
                                        batch_size=args.batch_size)
-            store.append("records", [audit.make_record(q.id, q.gold, deployed.loc[q.id].to_dict(), cands)
+            store.append("records", [make_record(q.id, q.gold, deployed.loc[q.id].to_dict(), cands, majority_vote(cands))
                                      for q, cands in zip(part, candidates)])
         records = store.read("records")
         records_at[T] = records

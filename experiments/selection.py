@@ -37,11 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reach_lens import audit, plots  # noqa: E402
-from reach_lens.models import load_model, model_fingerprint, prune_magnitude  # noqa: E402
+from reach_lens.models import load_model, prune_magnitude  # noqa: E402
 from reach_lens.probes import question_seed  # noqa: E402
+from reach_lens.protocol import Protocol  # noqa: E402
+from reach_lens.records import make_record  # noqa: E402
 from reach_lens.routing import (  # noqa: E402
     SPACES, RandomSearch, RouteEvaluator, RouterCell, graded, learned_router_outcomes, make_space, run_searches)
-from reach_lens.select import SELECTORS, recovery, recovery_table  # noqa: E402
+from reach_lens.select import SELECTORS, majority_vote, recovery, recovery_table  # noqa: E402
 from reach_lens.store import RunStore  # noqa: E402
 from reach_lens.tasks import get_task, subsample  # noqa: E402
 
@@ -79,7 +81,7 @@ def route_records(ev: RouteEvaluator, questions, args) -> list[dict]:
     records = []
     for i, (q, t) in enumerate(zip(questions, traces)):
         cands = [ev.candidate(i, r) for r in t.routes]
-        records.append(audit.make_record(q.id, q.gold, cands[0], cands))
+        records.append(make_record(q.id, q.gold, cands[0], cands, majority_vote(cands)))
     return records
 
 
@@ -91,7 +93,7 @@ def sample_records(ev: RouteEvaluator, questions, T: float, args) -> list[dict]:
     records = []
     for i, q in enumerate(questions):
         cands = [graded(ev.task, q, g) for g in gens[i * args.K:(i + 1) * args.K]]
-        records.append(audit.make_record(q.id, q.gold, ev.candidate(i, full), cands))
+        records.append(make_record(q.id, q.gold, ev.candidate(i, full), cands, majority_vote(cands)))
     return records
 
 
@@ -100,21 +102,22 @@ CHANNELS = [*SELECTORS, ROUTER]
 
 
 def cell_stores(model, label: str, task_name: str, args):
-    """The task, its questions and one store per probe ("routes", "T<temperature>") of a cell."""
+    """The task, its questions and one store per probe of a cell, keyed by a label ("routes", "T<temperature>");
+    what each store holds (probe, temperature) is read from its protocol, never from the label."""
     task = get_task(task_name)
     questions = subsample(task.load(args.source, args.split), args.n, args.seed)
-    base = {"study": "selection", "model": model.cfg.model_name, "checkpoint": model_fingerprint(model),
-            "task": task_name, "source": str(args.source), "split": args.split, "n": len(questions),
-            "seed": args.seed, "format": args.fmt, "K": args.K,
-            "max_new_tokens": task.max_new_tokens(args.fmt), "stop_strings": list(task.stop_strings(args.fmt))}
+    base = Protocol.of(study="selection", model=model, task=task, questions=questions, source=args.source,
+                       split=args.split, seed=args.seed, fmt=args.fmt, probe="route", K=args.K,
+                       settings={"space": args.space, "search": "random"})
     root = args.out / f"{label}-{task_name}-n{len(questions)}-K{args.K}-s{args.seed}"
-    probes = {"routes": {**base, "probe": f"greedy under random routes ({args.space})"}}
-    probes.update({f"T{T:g}": {**base, "probe": "sample", "T": T} for T in sorted(set(args.temperatures) | {args.T})})
+    probes = {"routes": base}
+    probes.update({f"T{T:g}": base.replace(probe="sample", temperature=T, settings={})
+                   for T in sorted(set(args.temperatures) | {args.T})})
     return task, questions, {name: RunStore(root / name, protocol) for name, protocol in probes.items()}
 
 
-def run_cell(model, label: str, task_name: str, args) -> tuple[dict[str, pd.DataFrame], tuple]:
-    """Records of every probe of one cell (resuming from their stores), and (task, questions, route store)."""
+def run_cell(model, label: str, task_name: str, args) -> tuple[dict[str, pd.DataFrame], dict[str, RunStore], tuple]:
+    """Records of every probe of one cell (resuming from their stores), its stores, and (task, questions, route store)."""
     task, questions, stores = cell_stores(model, label, task_name, args)
     out = {}
     for name, store in stores.items():
@@ -124,12 +127,13 @@ def run_cell(model, label: str, task_name: str, args) -> tuple[dict[str, pd.Data
             part = todo[start:start + args.chunk]
             t0 = time.time()
             ev = RouteEvaluator(model, task, part, args.fmt, batch_size=args.batch_size)
-            records = route_records(ev, part, args) if name == "routes" else sample_records(ev, part, float(name[1:]), args)
+            records = (route_records(ev, part, args) if store.protocol.probe == "route"
+                       else sample_records(ev, part, store.protocol.temperature, args))
             store.append("records", records)
             print(f"  {label} {task_name} {name}: {start + len(part)}/{len(todo)} questions in {time.time() - t0:.0f} s",
                   flush=True)
         out[name] = store.read("records")
-    return out, (task, questions, stores["routes"])
+    return out, stores, (task, questions, stores["routes"])
 
 
 def learned_router_rows(model, label: str, route_cells: dict[str, tuple], args) -> list[dict]:
@@ -221,13 +225,13 @@ def main(argv=None) -> int:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
         route_cells = {}
         for task_name in args.tasks:
-            tables, (task, questions, route_store) = run_cell(model, label, task_name, args)
+            tables, stores, (task, questions, route_store) = run_cell(model, label, task_name, args)
             route_cells[task_name] = (task, questions, route_store, tables["routes"])
             for probe, records in tables.items():
                 rec = recovery_table(records, SELECTORS)
                 recoveries.append(rec.assign(model=label, task=task_name, probe=probe))
-            sweep = pd.DataFrame([{"T": float(p[1:]), **audit.summarize(r, seed=args.seed)}
-                                  for p, r in tables.items() if p.startswith("T")])
+            sweep = pd.DataFrame([{"T": stores[p].protocol.temperature, **audit.summarize(r, seed=args.seed)}
+                                  for p, r in tables.items() if stores[p].protocol.probe == "sample"])
             sweeps.append(sweep.assign(model=label, task=task_name))
             name = f"selection_temperature_{label}_{task_name}_{tag}.png"
             for path in (out_dir / name, args.figures / name):

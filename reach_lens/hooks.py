@@ -15,11 +15,14 @@ import random
 from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, Iterable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
+
+from reach_lens import positions as row_positions
 
 HookFn = Callable[..., Tensor]
 Hooks = list[tuple[str, HookFn]]
@@ -45,9 +48,11 @@ def _choice(name: str, value: str, valid: Sequence[str]) -> None:
 
 
 class PositionTracker:
-    """Which absolute positions the hooks of block `layer` see, with or without a KV cache.
+    """Which absolute positions the hooks of block `layer` see, outside reach_lens's generation engine.
 
-    Under a KV cache a decode step shows hooks only `[batch, 1, ...]`. The block's own attention
+    Inside the engine, every forward declares each row's own positions (`reach_lens.positions`) and the
+    positioned hooks below use those: exact per row in batches of mixed lengths, refilled slots and padded
+    caches. Outside it (a plain forward, TransformerLens's own `generate`), this tracker finds them: under a KV cache a decode step shows hooks only `[batch, 1, ...]`. The block's own attention
     scores, `[batch, head, query_pos, key_pos]`, tell where those positions are: `key_pos - query_pos`
     is the number of cached positions, i.e. the absolute position of the first query. `probe` reads it
     on every call of the block, so the block's later hooks (`hook_attn_out`, `mlp.hook_post`,
@@ -164,6 +169,13 @@ def silence_hooks(
     tracker = PositionTracker(layer)
 
     def replace(act: Tensor, hook: HookPoint) -> Tensor:
+        rows = row_positions.current()
+        if rows is not None:
+            rows.check(act, hook.name)
+            reach = int(rows.positions.max())
+            if reach >= mean.shape[0]:
+                raise ValueError(f"mean covers {mean.shape[0]} positions; the forward reaches position {reach}")
+            return mean.to(act)[rows.positions.clamp(min=0)]
         end = tracker.start + act.shape[1]
         if end > mean.shape[0]:
             raise ValueError(f"mean covers {mean.shape[0]} positions; the forward reaches position {end - 1}")
@@ -199,6 +211,10 @@ def steer_hooks(
     before_attention = hook == "resid_pre"
 
     def add(act: Tensor, hook: HookPoint) -> Tensor:
+        rows = row_positions.current()
+        if rows is not None:
+            rows.check(act, hook.name)
+            return act + rows.at(positions)[..., None].to(act) * delta.to(act)
         idx = tracker.predict(positions, act.shape[1]) if before_attention else tracker.local(positions)
         return _add_at(act, idx, delta.to(act))
 
@@ -297,6 +313,16 @@ def _floats(x: Iterable[float]) -> tuple[float, ...]:
     return out
 
 
+def _integers(name: str, values: Iterable) -> tuple[int, ...]:
+    """Values that are integers (bools and floats such as 1.5 or 1.0 are refused), as a tuple of ints."""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must be integers, got {v!r} ({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
+
+
 def _jsonable(x):
     return [_jsonable(e) for e in x] if isinstance(x, tuple) else x
 
@@ -366,7 +392,7 @@ class Steer(_Intervention):
         object.__setattr__(self, "v", _floats(self.v))
         object.__setattr__(self, "alpha", _floats([self.alpha])[0])
         if self.positions is not None:
-            object.__setattr__(self, "positions", tuple(self.positions))
+            object.__setattr__(self, "positions", _integers("positions", self.positions))
 
     def hooks(self, model: HookedTransformer) -> Hooks:
         v = torch.tensor(self.v, dtype=model.cfg.dtype, device=model.cfg.device)
@@ -385,7 +411,7 @@ class Units(_Intervention):
 
     def __post_init__(self):
         _choice("mode", self.mode, UNIT_MODES)
-        object.__setattr__(self, "units", tuple(self.units))
+        object.__setattr__(self, "units", _integers("units", self.units))
         object.__setattr__(self, "scale", _floats([self.scale])[0])
         if self.mode != "scale" and self.scale != 0.0:
             raise ValueError(f"scale={self.scale} is only used with mode 'scale', not {self.mode!r}")
@@ -396,7 +422,8 @@ class Units(_Intervention):
 
 @dataclass(frozen=True)
 class Route(_Intervention):
-    """Run only the layers of `path`. As hooks only skip-only routes work; others need run_path."""
+    """Run only the layers of `path`. As hooks only skip-only routes work; the generation engine runs any
+    route (`Request(route=path)`, `probes.route`)."""
 
     path: tuple[int, ...]
     kind: ClassVar[str] = "route"
@@ -408,7 +435,8 @@ class Route(_Intervention):
         n_layers = model.cfg.n_layers
         path = validate_route(self.path, n_layers)
         if not is_skip_only(path):
-            raise ValueError(f"route {list(path)} repeats or reorders layers; run it with routing.run_path")
+            raise ValueError(f"route {list(path)} repeats or reorders layers: as hooks only skips work; run it "
+                             "through the engine (reach_lens.generate.Request(route=...), probes.route)")
         return [h for layer in range(n_layers) if layer not in path for h in silence_hooks(model, layer, "layer")]
 
 

@@ -6,9 +6,9 @@ import torch
 from conftest import make_tiny_model
 from transformer_lens import HookedTransformer
 
+from reach_lens.generate import Engine, Request, engine_for
 from reach_lens.models import encode
-from reach_lens.probes import deploy, prompt_ids, question_seed, recognize, sample
-from reach_lens.sampling import generate, make_prefix
+from reach_lens.probes import deploy, prompt_ids, question_seed, recognize, route, sample
 from reach_lens.tasks import get_task
 from reach_lens.tasks.base import Question
 from reach_lens.tasks.mc import make_mc_question
@@ -55,10 +55,9 @@ def test_deploy_is_greedy_generation_graded(model, arc, questions):
     rows = deploy(model, arc, questions, "shared", batch_size=2)
     prompts = prompt_ids(model, arc, questions, "shared")
     assert prompts[0][0] == CharTokenizer.bos_token_id and len(prompts[0]) == 1 + len(arc.prompt(questions[0], "shared", None))
-    gens = generate(model, prompts, max_new_tokens=arc.max_new_tokens("shared"),
-                    stop_strings=arc.stop_strings("shared"))
-    for q, row, (gen,) in zip(questions, rows, gens):
-        assert row["question_id"] == q.id
+    gens = engine_for(model).generate([Request(p, arc.max_new_tokens("shared"), stop_strings=arc.stop_strings("shared"))
+                                       for p in prompts])
+    for q, row, gen in zip(questions, rows, gens):
         assert row["text"] == gen.text and row["length"] == len(gen.tokens)
         assert row["finish_reason"] == gen.finish_reason
         assert row["mean_logprob"] == pytest.approx(gen.mean_logprob)
@@ -66,7 +65,7 @@ def test_deploy_is_greedy_generation_graded(model, arc, questions):
         assert (row["answer"], row["correct"]) == (graded.answer, graded.correct)
 
 
-def test_deploy_with_hooks_and_prefix_reuse(model, arc, questions):
+def test_deploy_with_hooks_and_independent_of_batch_size_and_order(model, arc, questions):
     def zero(act, hook):
         return torch.zeros_like(act)
 
@@ -74,9 +73,27 @@ def test_deploy_with_hooks_and_prefix_reuse(model, arc, questions):
     plain = deploy(model, arc, questions, "shared")
     hooked = deploy(model, arc, questions, "shared", hooks=hooks)
     assert [r["text"] for r in hooked] != [r["text"] for r in plain]
-    prefix = make_prefix(model, prompt_ids(model, arc, questions, "shared"), layers=[2])
-    reused = deploy(model, arc, questions, "shared", hooks=hooks, start_layer=2, prefix=prefix)
-    assert [r["text"] for r in reused] == [r["text"] for r in hooked]
+    for batch_size in (1, 2, 16):
+        for order in ([0, 1, 2], [2, 0, 1]):
+            rows = deploy(model, arc, [questions[i] for i in order], "shared", hooks=hooks, batch_size=batch_size)
+            assert [r["text"] for r in rows] == [hooked[i]["text"] for i in order]
+            assert [r["mean_logprob"] for r in rows] == pytest.approx([hooked[i]["mean_logprob"] for i in order],
+                                                                     abs=1e-5)
+
+
+def test_route_probe(model, arc, questions):
+    L = model.cfg.n_layers
+    full = tuple(range(L))
+    routes = [[full, (0, 2, 3)], [full], [(0, 1, 1, 2, 3), full, (1, 3)]]
+    out = route(model, arc, questions, "shared", routes)
+    assert [[c["route"] for c in cs] for cs in out] == [[list(r) for r in rs] for rs in routes]
+    plain = deploy(model, arc, questions, "shared")
+    for cs, rs, d in zip(out, routes, plain):
+        assert cs[rs.index(full)]["text"] == d["text"]  # the full path is the plain model
+    alone = route(model, arc, questions[2:], "shared", routes[2:], batch_size=1)
+    assert [c["text"] for c in alone[0]] == [c["text"] for c in out[2]]
+    with pytest.raises(ValueError, match="2 route lists for 3 questions"):
+        route(model, arc, questions, "shared", routes[:2])
 
 
 def test_sample_seeds_per_question(model, arc, questions):
@@ -111,7 +128,10 @@ def test_recognize_matches_unbatched_likelihoods(model, arc, questions, norm):
         expected = [option_logliks(model, context, c) for c in continuations]
         assert row.question_id == q.id and row.gold_index == q.gold_index
         assert row.loglik == pytest.approx(expected, abs=1e-4)
-        sizes = [len(c) for c in continuations]  # one token per character with this tokenizer
+        if norm == "tokens":
+            sizes = [len(c) for c in continuations]  # one token per character with this tokenizer
+        else:
+            sizes = [len(c) - 1 for c in continuations]  # lm-eval's len(choice): without the leading space
         assert row.norm_loglik == pytest.approx([e / n for e, n in zip(expected, sizes)], abs=1e-4)
         assert row.pred_sum == max(range(len(expected)), key=expected.__getitem__)
         assert row.pred_norm == max(range(len(expected)), key=lambda j: expected[j] / sizes[j])
@@ -132,6 +152,35 @@ def test_recognize_under_hooks_and_errors(model, arc, questions):
         recognize(model, get_task("gsm8k"), [Question("g1", "1+1?", "2")])
 
 
+class FixedScores(Engine):
+    """An engine whose log-likelihoods are given: recognition's arithmetic on known numbers."""
+
+    name = "fixed"
+    capabilities = frozenset({"loglik"})
+    tokenizer = CharTokenizer()
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def encode(self, text):
+        return self.tokenizer(text)["input_ids"]
+
+    def generate(self, requests, hooks=(), batch_size=16):
+        raise AssertionError("not used")
+
+    def loglik(self, requests, hooks=(), batch_size=32):
+        return [self.scores[self.tokenizer.decode(r.continuation)] for r in requests]
+
+
+def test_char_norm_divides_by_the_option_text_as_lm_eval_does(arc):
+    """Options "a" and "bb" with log-likelihoods -2 and -3.5: per character of the option text (lm-eval's
+    len(choice)) "bb" wins (-1.75 > -2); per character of the continuation " a" / " bb" "a" would (-1 > -1.17)."""
+    q = make_mc_question("q", "Which?", ["a", "bb"], 1)
+    frame = recognize(FixedScores({" a": -2.0, " bb": -3.5}), arc, [q], norm="chars")
+    assert frame.norm_loglik[0] == pytest.approx([-2.0, -1.75])
+    assert frame.pred_norm[0] == 1 and frame.pred_sum[0] == 0
+
+
 ARC_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "arc" / "ARC-Easy-test.jsonl"
 
 
@@ -147,6 +196,9 @@ def test_embedded_model_probes_on_arc():
     assert all(r["length"] <= task.max_new_tokens("native") for r in rows)
     assert sum(r["answer"] is not None for r in rows) >= 3  # the instruct model answers with a letter
     frame = recognize(m, task, qs)
-    assert frame.gold_rank.between(1, 5).all()
+    context, continuations = task.recognition_items(qs[0])
+    expected = [option_logliks(m, context, c) for c in continuations]
+    assert frame.loglik[0] == pytest.approx(expected, abs=2e-3)
+    assert frame.gold_rank[0] == 1 + sum(e > expected[qs[0].gold_index] + 2e-3 for e in expected)
     samples = sample(m, task, qs[:2], "native", K=4, temperature=0.8, seed=0)
     assert [len(s) for s in samples] == [4, 4]

@@ -1,16 +1,12 @@
-"""Batched generation under routes (RouteGenerator) and graded route candidates (RouteEvaluator), on tiny models."""
-import random
-
+"""Graded route candidates (RouteEvaluator) on a tiny model, and the routing experiment's arithmetic."""
 import numpy as np
 import pytest
-import torch
 from conftest import make_tiny_model
 
-from reach_lens.audit import make_record
-from reach_lens.hooks import Route
 from reach_lens.probes import deploy
-from reach_lens.routing import (MCTS, RandomSearch, RouteEvaluator, RouteGenerator, make_space, run_path,
-                                run_searches, schedule)
+from reach_lens.records import make_record
+from reach_lens.routing import MCTS, RandomSearch, RouteEvaluator, make_space, run_searches
+from reach_lens.select import majority_vote
 from reach_lens.tasks import get_task
 from reach_lens.tasks.mc import make_mc_question
 
@@ -27,113 +23,6 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join("\n" if i == 98 else chr(i - 3 + 32) for i in ids if i >= 3)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return make_tiny_model(n_layers=4, d_vocab=50)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(0, 50, (n,), generator=g).tolist() for n in (7, 12, 4)]
-
-
-def reference(model, prompt, route, steps, hooks=()):
-    """Greedy tokens and their log-probs by full uncached forwards: `run_path(route)`, or, for route None,
-    the model itself under `hooks`."""
-    tokens, out, logps = list(prompt), [], []
-    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
-        for _ in range(steps):
-            x = torch.tensor([tokens])
-            logits = (model(x) if route is None else run_path(model, x, route))[0, -1]
-            t = int(logits.argmax())
-            out.append(t)
-            logps.append(float(torch.log_softmax(logits, -1)[t]))
-            tokens.append(t)
-    return out, logps
-
-
-def mixed_rows(n_layers, n_prompts, per_space=2, seed=0):
-    rng = random.Random(seed)
-    rows = []
-    for name in ("skip", "skip_repeat", "segments"):
-        space = make_space(name, n_layers, mean_edits=2.5)
-        for p in range(n_prompts):
-            rows += [(p, space.random_route(rng)) for _ in range(per_space)]
-    return rows + [(p, tuple(range(n_layers))) for p in range(n_prompts)]
-
-
-def test_full_route_is_plain_greedy_decoding(model, prompts):
-    gen = RouteGenerator(model, max_new_tokens=6)
-    outs = gen(prompts, [(p, (0, 1, 2, 3)) for p in range(len(prompts))])
-    for prompt, out in zip(prompts, outs):
-        tokens, logps = reference(model, prompt, None, 6)
-        assert out.tokens == tokens and out.finish_reason == "length" and out.text is None
-        assert out.token_logprobs == pytest.approx(logps, abs=1e-4)
-        with torch.no_grad():
-            resid = model(torch.tensor([prompt + tokens[:-1]]), stop_at_layer=4)[0, -1]
-        assert torch.allclose(out.hidden, resid, rtol=1e-4, atol=1e-3)
-
-
-def test_batched_routes_equal_each_route_alone_and_the_block_loop(model, prompts):
-    rows = mixed_rows(4, len(prompts))
-    assert any(len(set(r)) < len(r) for _, r in rows) and any(list(r) != sorted(r) for _, r in rows)
-    gen = RouteGenerator(model, max_new_tokens=5, batch_size=7)
-    batched = gen(prompts, rows)
-    for (p, route), out in zip(rows, batched):
-        alone = RouteGenerator(model, max_new_tokens=5)(prompts, [(p, route)])[0]
-        assert out.route == route and out.tokens == alone.tokens
-        assert out.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-4)
-        assert out.entropy == pytest.approx(alone.entropy, abs=1e-4)
-        assert torch.allclose(out.hidden, alone.hidden, rtol=1e-4, atol=1e-3)
-        assert out.tokens == reference(model, prompts[p], route, 5)[0]
-
-
-def test_skip_route_equals_generation_under_skip_hooks(model, prompts):
-    route = (0, 2, 3)
-    out = RouteGenerator(model, max_new_tokens=6)(prompts, [(1, route)])[0]
-    assert out.tokens == reference(model, prompts[1], None, 6, hooks=Route(route).hooks(model))[0]
-    assert out.tokens != reference(model, prompts[1], (0, 1, 2, 3), 6)[0]  # the skip matters
-
-
-def test_schedule_is_a_common_supersequence():
-    routes = [(0, 1, 2, 0, 1, 2, 3), (0, 1, 3, 2, 3), (1, 2, 3), (0, 0, 1, 3)]
-    sched, slots = schedule(routes)
-    for r, used in zip(routes, slots):
-        assert [sched[j] for j in used] == list(r) and used == sorted(set(used))
-    nondecreasing = [(0, 1, 1, 2), (0, 0, 2, 3), (1, 3)]
-    sched, _ = schedule(nondecreasing)
-    assert sched == [0, 0, 1, 1, 2, 3]
-
-
-def test_sampling_rows_follow_their_seeds(model, prompts):
-    gen = RouteGenerator(model, max_new_tokens=6, batch_size=4)
-    full = (0, 1, 2, 3)
-    rows = [(0, full)] * 5 + [(1, full)] * 3
-    seeds = list(range(8))
-    outs = gen(prompts, rows, temperature=1.5, seeds=seeds)
-    again = gen(prompts, rows[2:3] + rows[:1], temperature=1.5, seeds=[2, 0])
-    assert [o.tokens for o in again] == [outs[2].tokens, outs[0].tokens]
-    assert len({tuple(o.tokens) for o in outs[:5]}) > 1
-    with pytest.raises(ValueError, match="one seed per row"):
-        gen(prompts, rows, temperature=1.0)
-
-
-def test_stop_token_ends_a_row(model, prompts):
-    free = RouteGenerator(model, max_new_tokens=6)(prompts, [(0, (0, 1, 2, 3))])[0]
-    stop = free.tokens[2]
-    ended = RouteGenerator(model, max_new_tokens=6, stop_token_ids=[stop])(prompts, [(0, (0, 1, 2, 3))])[0]
-    assert ended.tokens == free.tokens[:free.tokens.index(stop) + 1] and ended.finish_reason == "eos"
-
-
-def test_bad_rows(model, prompts):
-    gen = RouteGenerator(model, max_new_tokens=2)
-    with pytest.raises(ValueError, match="layer 4, out of range"):
-        gen(prompts, [(0, (0, 4))])
-    with pytest.raises(ValueError, match="prompt index 3 out of range"):
-        gen(prompts, [(3, (0, 1))])
 
 
 # ---------------------------------------------------------------- graded candidates
@@ -168,23 +57,25 @@ def test_evaluator_memo_and_search_rewards(char_model, questions):
     arc = get_task("arc_easy")
     ev = RouteEvaluator(char_model, arc, questions, "shared", keep_hidden=False)
     generated = []
-    inner = ev.generator
+    import reach_lens.routing.evaluate as evaluate
+    inner = evaluate.route
 
-    def counting(prompts, rows, **kw):
-        generated.extend(rows)
-        return inner(prompts, rows, **kw)
+    def counting(model, task, questions, fmt, routes, **kw):
+        generated.extend((q.id, tuple(r)) for q, rs in zip(questions, routes) for r in rs)
+        return inner(model, task, questions, fmt, routes, **kw)
 
-    ev.generator = counting
+    evaluate.route = counting
     space = make_space("skip_repeat", 4)
     searches = [RandomSearch(space, 6, 0), MCTS(space, 6, 1), RandomSearch(space, 6, 0)]
     question_of = [0, 1, 0]
     traces = run_searches(searches, ev.reward_fn(question_of))
+    evaluate.route = inner
     pairs = {(question_of[s], r) for s, t in enumerate(traces) for r in t.routes}
     assert len(generated) == len(set(generated)) == len(pairs)  # the repeated search cost nothing
     for s, t in enumerate(traces):
         assert t.rewards == [float(ev.candidate(question_of[s], r)["correct"]) for r in t.routes]
     cands = [ev.candidate(0, r) for r in traces[0].routes]
-    record = make_record(questions[0].id, questions[0].gold, cands[0], cands)
+    record = make_record(questions[0].id, questions[0].gold, cands[0], cands, majority_vote(cands))
     assert record["K"] == 6 and record["d"] == cands[0]["correct"] and cands[0]["hidden"] is None
 
 

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reach_lens.routing.local import crossover
 from reach_lens.routing import (METHODS, MCTS, SPACES, Genetic, HillClimb, RandomSearch, Segments, SkipOnly,
-                                SkipRepeat, crossover, make_space, run_searches)
+                                SkipRepeat, make_space, run_searches)
 
 space_names = st.sampled_from(sorted(SPACES))
 

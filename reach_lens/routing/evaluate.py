@@ -5,16 +5,16 @@
     traces = run_searches(searches, ev.reward_fn(question_of=list(range(len(questions)))))
     cand = ev.candidate(0, traces[0].routes[0])      # the full path's (greedy, unmodified) candidate
 
-A candidate is a dict `audit.make_record` accepts: `text`, `answer`, `correct` (`task.grade`), `mean_logprob`,
-`length`, plus `route` (list of layers), `entropy` (mean token entropy, nats), `hidden` (list of d_model
-floats: the residual entering ln_final where the last token was produced) and `finish_reason`.
+A candidate is a `records.candidate` dict: `text`, `answer`, `correct` (`task.grade`), `mean_logprob`, `length`,
+`entropy`, `finish_reason`, `route` (list of layers) and `hidden` (the residual entering ln_final where the last
+token was produced, when `keep_hidden`).
 
 `learned_router_outcomes` grades the cross-fitted learned router's route of every question, generating only
 routes whose correctness is not already known and keeping them in a run store.
 
 Every (question, route) pair is generated once per evaluator, whichever search or action space asks for it,
-so searches that share routes (all share the full path) share the cost. Rows of one call are generated
-together (`RouteGenerator`): different questions and routes share decode batches.
+so searches that share routes (all share the full path) share the cost. Rows of one call go through
+`probes.route` together: different questions and routes share decode batches and prompt prefixes.
 """
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -23,8 +23,7 @@ from typing import Optional, Sequence
 from transformer_lens import HookedTransformer
 
 from reach_lens.hooks import validate_route
-from reach_lens.probes import prompt_ids
-from reach_lens.routing.decode import RouteGeneration, RouteGenerator
+from reach_lens.probes import prompt_ids, route
 from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn
 from reach_lens.routing.spaces import Path
@@ -32,24 +31,13 @@ from reach_lens.store import RunStore
 from reach_lens.tasks import Question, Task
 
 
-def graded(task: Task, q: Question, gen: RouteGeneration, keep_hidden: bool = True) -> dict:
-    """The candidate dict of one generation (module docstring); `hidden` is None unless `keep_hidden`."""
-    text = gen.text if gen.text is not None else ""
-    g = task.grade(q, text)
-    return {"route": list(gen.route), "text": text, "answer": g.answer, "correct": bool(g.correct),
-            "mean_logprob": gen.mean_logprob, "length": len(gen.tokens), "entropy": gen.entropy,
-            "hidden": gen.hidden.float().tolist() if keep_hidden else None, "finish_reason": gen.finish_reason}
-
-
 class RouteEvaluator:
     """Greedy candidates of `questions` under routes, in prompt format `fmt`, memoized per (question index, route)."""
 
     def __init__(self, model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
                  batch_size: int = 16, keep_hidden: bool = True):
-        self.model, self.task, self.questions, self.keep_hidden = model, task, list(questions), keep_hidden
-        self.prompts = prompt_ids(model, task, self.questions, fmt)
-        self.generator = RouteGenerator(model, task.max_new_tokens(fmt), task.stop_strings(fmt),
-                                        batch_size=batch_size, cache_prompts=max(len(self.questions), 1))
+        self.model, self.task, self.questions, self.fmt = model, task, list(questions), fmt
+        self.batch_size, self.keep_hidden = batch_size, keep_hidden
         self.memo: dict[tuple[int, Path], dict] = {}
 
     def evaluate(self, pairs: Sequence[tuple[int, Sequence[int]]]) -> list[dict]:
@@ -61,8 +49,15 @@ class RouteEvaluator:
             raise ValueError(f"question index {bad[0]} out of range (0..{len(self.questions) - 1})")
         new = list(dict.fromkeys(k for k in keys if k not in self.memo))
         if new:
-            for key, gen in zip(new, self.generator(self.prompts, new)):
-                self.memo[key] = graded(self.task, self.questions[key[0]], gen, self.keep_hidden)
+            by_question: dict[int, list[Path]] = {}
+            for i, r in new:
+                by_question.setdefault(i, []).append(r)
+            asked = list(by_question)
+            cands = route(self.model, self.task, [self.questions[i] for i in asked], self.fmt,
+                          [by_question[i] for i in asked], batch_size=self.batch_size, keep_hidden=self.keep_hidden)
+            for i, cs in zip(asked, cands):
+                for r, c in zip(by_question[i], cs):
+                    self.memo[(i, r)] = c
         return [self.memo[k] for k in keys]
 
     def candidate(self, question: int, route: Sequence[int]) -> dict:

@@ -1,0 +1,179 @@
+"""What every experiment script shares: common arguments checked before anything loads, setup, model
+loading on the chosen device and dtype, and the resumable chunk loop.
+
+    parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap")], ...)
+    parser.add_argument("--K", type=cli.positive_int, default=8)
+    args = parser.parse_args(argv)
+    cli.setup(args)                                  # threads, output locations (before any model loads)
+    model = cli.load(args)                           # load_model on --device / --dtype
+    rows = cli.resume(store, "records", questions, args.chunk, make_rows, desc="sampling")
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from reach_lens.store import RunStore
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---- argument types: each names the bad value and what was expected --------------------------------------
+
+
+def positive_int(text: str) -> int:
+    return _int(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    return _int(text, 0)
+
+
+def _int(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} out of range: expected an integer >= {minimum}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} out of range: expected a number > 0")
+    return value
+
+
+def share(text: str) -> float:
+    """A fraction strictly between 0 and 1."""
+    value = _float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{value} out of range: expected a number strictly between 0 and 1")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def device_name(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"device {text!r} unknown: expected auto, cpu, cuda or cuda:N")
+
+
+# ---- the shared parent parser ------------------------------------------------------------------------
+
+
+def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
+    """Arguments every experiment takes (an argparse parent: ``ArgumentParser(parents=[common(...)])``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model, device and outputs (shared by every experiment)")
+    g.add_argument("--model", default=None, help="model name or path (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--device", type=device_name, default="auto",
+                   help="auto (cuda when a GPU is present, else cpu), cpu, cuda or cuda:N")
+    g.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="auto (bfloat16 on a GPU, else float32), float32, bfloat16 or float16")
+    g.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other jobs)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per decode batch")
+    g.add_argument("--out", type=Path, default=Path(out), help=f"run directory root (default {out})")
+    g.add_argument("--figures", type=Path, default=Path("figures"), help="where figures are copied (default figures/)")
+    return p
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` is cuda when a GPU is present, else cpu; a named cuda device must exist."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {name}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise SystemExit(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) (0..{torch.cuda.device_count() - 1})")
+    return name
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU and float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return DTYPES[name]
+
+
+def check_output_dir(path: Path, what: str) -> None:
+    """Refuse an output location that cannot be a directory (it or a parent is a file, or not writable)."""
+    for p in [path, *path.parents]:
+        if p.exists():
+            if not p.is_dir():
+                raise SystemExit(f"{what} {str(path)!r}: {str(p)!r} is a file, not a directory")
+            if not os.access(p, os.W_OK):
+                raise SystemExit(f"{what} {str(path)!r}: {str(p)!r} is not writable")
+            return
+
+
+def setup(args: argparse.Namespace) -> None:
+    """Before anything heavy: threads, device and dtype resolved (``args.device``/``args.dtype`` become concrete),
+    and output locations checked."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = resolve_device(args.device)
+    args.torch_dtype = resolve_dtype(args.dtype, args.device)
+    args.dtype = str(args.torch_dtype).removeprefix("torch.")
+    check_output_dir(args.out, "--out")
+    check_output_dir(args.figures, "--figures")
+
+
+def load(args: argparse.Namespace, name: str | None = None):
+    """The model of ``--model`` (or ``name``) on ``args.device`` in ``args.torch_dtype`` (after ``setup``)."""
+    from reach_lens.models import load_model
+
+    return load_model(name if name is not None else args.model, device=args.device, dtype=args.torch_dtype)
+
+
+def say(study: str) -> Callable[[str], None]:
+    """A printer that prefixes what a study is doing with its name."""
+    def print_line(message: str) -> None:
+        print(f"[{study}] {message}", flush=True)
+    return print_line
+
+
+# ---- the resumable loop ------------------------------------------------------------------------------
+
+
+def resume(store: RunStore, table: str, items: Sequence[Any], chunk: int, rows_of: Callable[[list], list[dict]],
+           key: Callable[[Any], str] = lambda q: q.id, column: str = "question_id", desc: str | None = None) -> pd.DataFrame:
+    """Compute ``rows_of(part)`` for the items not yet in ``store``'s ``table`` (by ``key(item)`` against its
+    ``column``), ``chunk`` items at a time, appending each part as it is done; return the whole table.
+
+    A killed run loses at most the chunk in progress; a rerun computes only what is missing.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk {chunk} out of range: expected >= 1")
+    done = store.done(table, key=column)
+    todo = [item for item in items if key(item) not in done]
+    with tqdm(total=len(items), initial=len(items) - len(todo), desc=desc or table, unit="q") as bar:
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            store.append(table, rows_of(part))
+            bar.update(len(part))
+    return store.read(table, key=column)

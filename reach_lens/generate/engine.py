@@ -1,0 +1,221 @@
+"""The engine interface, and its TransformerLens implementation.
+
+    engine = engine_for(model)                                   # one per HookedTransformer, kept
+    gens = engine.generate([Request(prompt, max_new_tokens=8)], hooks=Silence("mlp", 3).hooks(model))
+    scores = engine.loglik([LoglikRequest(context, continuation)])
+
+An ``Engine`` turns ``Request``s into ``Generation``s and scores continuations (``loglik``). Hooks, routes and
+hidden states are capabilities: an engine that lacks one refuses a request needing it
+(``EngineCapabilityError``). ``TransformerLensEngine`` has them all; a hook-free engine (vLLM) can serve
+deploy and sample probes behind the same interface.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from typing import ClassVar
+
+import torch
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities import apply_softcap
+
+from reach_lens.generate.attention import fast_attention, fast_attention_supported
+from reach_lens.generate.choice import NonFiniteLogits
+from reach_lens.generate.loop import DecodeLoop
+from reach_lens.generate.prefill import PrefixCache, Prefiller
+from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
+from reach_lens.hooks import Hooks, validate_route
+from reach_lens.models import encode
+
+CAPABILITIES = ("hooks", "routes", "hidden", "loglik")
+_BLOCK = re.compile(r"^blocks\.(\d+)(\.|$)")
+
+
+class Engine(ABC):
+    """Generation and scoring behind one interface. ``name`` goes into every run's protocol."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[str]]
+
+    @property
+    @abstractmethod
+    def tokenizer(self):
+        """The Hugging Face tokenizer of the model (prompts and completions are text)."""
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as the model reads a prompt (BOS only where the model's tokenizer adds one)."""
+
+    @abstractmethod
+    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
+        """One ``Generation`` per request, in order; ``hooks`` are active for the whole call."""
+
+    @abstractmethod
+    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
+        """The summed log-probability of each request's continuation after its context."""
+
+    def check(self, requests: Sequence[Request], hooks: Hooks = ()) -> None:
+        """Refuse what this engine cannot do, naming the first request that needs it."""
+        if hooks and "hooks" not in self.capabilities:
+            raise EngineCapabilityError(f"engine {self.name!r} cannot run hooks ({len(hooks)} given); "
+                                        "use the transformer_lens engine for interventions")
+        for i, r in enumerate(requests):
+            if r.route is not None and "routes" not in self.capabilities:
+                raise EngineCapabilityError(f"request {i} has route {list(r.route)}; engine {self.name!r} runs "
+                                            "the full path only: use the transformer_lens engine for routes")
+            if r.keep_hidden and "hidden" not in self.capabilities:
+                raise EngineCapabilityError(f"request {i} asks for hidden states; engine {self.name!r} does not "
+                                            "expose them")
+
+
+class TransformerLensEngine(Engine):
+    """Generation on a ``HookedTransformer`` with hooks, routes and hidden states (see ``reach_lens.generate``).
+
+    ``prefix_cache_bytes`` bounds the clean prompt prefixes kept between calls (``prefill.PrefixCache``);
+    ``share_prefixes=False`` computes every (prompt, route) prefill on its own (a reference for tests and
+    benchmarks).
+    """
+
+    name = "transformer_lens"
+    capabilities = frozenset(CAPABILITIES)
+
+    def __init__(self, model: HookedTransformer, prefix_cache_bytes: int = 2 << 30, share_prefixes: bool = True):
+        self.model = model
+        self.share_prefixes = share_prefixes
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return encode(self.model, text)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the clean prompt prefixes (they are also dropped whenever the model's weights or modules change)."""
+        self.prefix_cache.clear()
+
+    # ---- generate -------------------------------------------------------------------------------
+
+    def _validate(self, requests: Sequence[Request]) -> None:
+        cfg = self.model.cfg
+        for i, r in enumerate(requests):
+            bad = [t for t in r.prompt if not 0 <= t < cfg.d_vocab]
+            if bad:
+                raise ValueError(f"request {i}: token id {bad[0]} out of range for vocabulary size {cfg.d_vocab} "
+                                 f"(0..{cfg.d_vocab - 1})")
+            if len(r.prompt) + r.max_new_tokens > cfg.n_ctx:
+                raise ValueError(f"request {i}: prompt of {len(r.prompt)} tokens + max_new_tokens "
+                                 f"{r.max_new_tokens} exceeds the model's context n_ctx={cfg.n_ctx}")
+            if r.route is not None:
+                validate_route(r.route, cfg.n_layers)
+
+    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
+        requests = list(requests)
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
+        self.check(requests, hooks)
+        self._validate(requests)
+        if not requests:
+            return []
+        tokenizer = self.model.tokenizer
+        decode = None if tokenizer is None else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        eos = () if getattr(tokenizer, "eos_token_id", None) is None else (tokenizer.eos_token_id,)
+        fast = fast_attention_supported(self.model)
+        with torch.no_grad(), self.model.hooks(fwd_hooks=list(hooks)), fast_attention(self.model, fast):
+            hooked_from = first_hooked_layer(self.model)
+            self.prefix_cache.validate(self._stamp(fast))
+            prefiller = Prefiller(self.model, self.prefix_cache if self.share_prefixes else None, hooked_from,
+                                  share=self.share_prefixes)
+            return DecodeLoop(self.model, requests, prefiller, decode, eos, batch_size).run()
+
+    def _stamp(self, fast: bool) -> Hashable:
+        """What the clean prefixes depend on besides the prompt: parameters (storage and in-place versions),
+        modules, and the attention implementation (rotated keys or not)."""
+        params = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        modules = tuple(id(m) for m in self.model.modules())
+        return hash((params, modules, fast, str(self.model.cfg.dtype)))
+
+    # ---- loglik ---------------------------------------------------------------------------------
+
+    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
+        """Summed log-probabilities, in right-padded forwards of ``batch_size`` sequences, longest first; only
+        the positions that predict continuation tokens go through the unembedding."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
+        model, device = self.model, self.model.cfg.device
+        sequences = [(r.context + r.continuation, len(r.continuation)) for r in requests]
+        for i, (ids, _) in enumerate(sequences):
+            bad = [t for t in ids if not 0 <= t < model.cfg.d_vocab]
+            if bad:
+                raise ValueError(f"loglik request {i}: token id {bad[0]} out of range for vocabulary size "
+                                 f"{model.cfg.d_vocab}")
+        order = sorted(range(len(sequences)), key=lambda s: -len(sequences[s][0]))
+        out = [0.0] * len(sequences)
+        with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
+            for start in range(0, len(order), batch_size):
+                chunk = order[start:start + batch_size]
+                width = len(sequences[chunk[0]][0])
+                tokens = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
+                mask = torch.zeros_like(tokens)
+                rows, positions, targets = [], [], []
+                for r, s in enumerate(chunk):
+                    ids, n = sequences[s]
+                    tokens[r, : len(ids)] = torch.tensor(ids)
+                    mask[r, : len(ids)] = 1
+                    rows += [r] * n
+                    positions += range(len(ids) - n - 1, len(ids) - 1)
+                    targets += ids[len(ids) - n:]
+                resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layers)
+                if model.cfg.normalization_type is not None:
+                    resid = model.ln_final(resid)
+                picked = resid[torch.tensor(rows, device=resid.device), torch.tensor(positions, device=resid.device)]
+                logits = apply_softcap(model.unembed(picked[None])[0], model.cfg.output_logits_soft_cap).float()
+                finite = torch.isfinite(logits).all(-1)
+                if not bool(finite.all()):
+                    bad = chunk[rows[int((~finite).nonzero()[0, 0])]]
+                    raise NonFiniteLogits(f"non-finite logits for loglik request {bad} (context of "
+                                          f"{len(requests[bad].context)} tokens): the model produced NaN or inf "
+                                          "(a hook may have written non-finite values into its activations)")
+                logp = torch.log_softmax(logits, dim=-1)
+                token_logp = logp[torch.arange(len(targets), device=logp.device), torch.tensor(targets, device=logp.device)]
+                sums = torch.zeros(len(chunk), dtype=torch.float64).index_add_(
+                    0, torch.tensor(rows), token_logp.double().cpu())
+                for r, s in enumerate(chunk):
+                    out[s] = float(sums[r])
+        return out
+
+
+def first_hooked_layer(model: HookedTransformer) -> int:
+    """The first block any forward hook on the model can touch: -1 for the embedding, ``n_layers`` when only
+    ``ln_final``/unembed (or nothing) is hooked. Reads the hooks registered right now, ours and anyone's."""
+    n_layers = model.cfg.n_layers
+    first = n_layers
+    for name, module in model.named_modules():
+        if not (module._forward_hooks or module._forward_pre_hooks):
+            continue
+        match = _BLOCK.match(name)
+        if match:
+            first = min(first, int(match.group(1)))
+        elif not name.startswith(("ln_final", "unembed")):
+            return -1
+    return first
+
+
+_ENGINES: "weakref.WeakKeyDictionary[HookedTransformer, TransformerLensEngine]" = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: HookedTransformer | Engine) -> Engine:
+    """The engine of ``model``: itself if it is an ``Engine``, else one ``TransformerLensEngine`` per model
+    object, kept while the model lives (so its clean prompt prefixes are reused across calls)."""
+    if isinstance(model, Engine):
+        return model
+    if not isinstance(model, HookedTransformer):
+        raise TypeError(f"expected a HookedTransformer or an Engine, got {type(model).__name__}")
+    engine = _ENGINES.get(model)
+    if engine is None:
+        engine = _ENGINES[model] = TransformerLensEngine(model)
+    return engine

@@ -1,0 +1,286 @@
+"""The batched decode loop: rows of any prompts and routes in one batch, slots refilled as rows end.
+
+- Rows run in batches of ``batch_size`` slots over a right-aligned ``DecodeCache``. A batch runs one
+  *schedule*: a common supersequence of its rows' routes (for non-decreasing routes, each layer as many
+  times as the route using it most). A row's route is a subsequence of the schedule; at a slot the row
+  does not use, the block's output is discarded for that row (``where(keep, block(x), x)``), which makes the
+  slot the identity, exactly. Each slot has its own KV entry, so a repeated layer keeps its own keys.
+- A row that ends frees its slot; the next waiting row whose route fits the schedule is prefilled (once
+  per prompt, for all its routes: ``prefill.Prefiller``) and written into it. When no waiting row fits,
+  the batch drains and the next one starts with a new schedule.
+- Around every forward the rows' own positions are declared (``reach_lens.positions``), so positioned hooks
+  act on each row's positions whatever its slot or the cache's padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities.multi_gpu import get_device_for_block_index
+
+from reach_lens.generate.attention import DecodeCache
+from reach_lens.generate.choice import StopCheck, check_finite, choose
+from reach_lens.generate.prefill import Path, Prefilled, Prefiller
+from reach_lens.generate.types import Generation, Request
+from reach_lens.positions import row_positions
+
+FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
+
+
+def schedule(routes: Sequence[Path]) -> list[int]:
+    """A common supersequence of ``routes``: for non-decreasing routes each layer as often as the route that runs
+    it most, in layer order; otherwise a shortest common supersequence built pairwise."""
+    if all(all(a <= b for a, b in zip(r, r[1:])) for r in routes):
+        most: dict[int, int] = {}
+        for r in routes:
+            for layer in set(r):
+                most[layer] = max(most.get(layer, 0), r.count(layer))
+        return [layer for layer in sorted(most) for _ in range(most[layer])]
+    sched: list[int] = []
+    for r in dict.fromkeys(routes):
+        sched = _supersequence(sched, list(r))
+    return sched
+
+
+def embed(route: Path, sched: Sequence[int]) -> list[int] | None:
+    """The schedule slots route positions use (greedy, leftmost), or None if ``route`` is not a subsequence."""
+    used, j = [], 0
+    for layer in route:
+        while j < len(sched) and sched[j] != layer:
+            j += 1
+        if j == len(sched):
+            return None
+        used.append(j)
+        j += 1
+    return used
+
+
+def _supersequence(a: list[int], b: list[int]) -> list[int]:
+    """A shortest common supersequence of a and b (via their longest common subsequence)."""
+    n, m = len(a), len(b)
+    lcs = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            lcs[i][j] = lcs[i + 1][j + 1] + 1 if a[i] == b[j] else max(lcs[i + 1][j], lcs[i][j + 1])
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append(a[i])
+            i, j = i + 1, j + 1
+        elif lcs[i + 1][j] >= lcs[i][j + 1]:
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out + a[i:] + b[j:]
+
+
+@dataclass
+class _Row:
+    request: Request
+    route: Path
+    stop: StopCheck
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str | None = None
+    hidden: Tensor | None = None
+
+
+class DecodeLoop:
+    """Runs the rows of one engine call to completion (see the module docstring); ``run()`` returns them in
+    request order."""
+
+    def __init__(self, model: HookedTransformer, requests: Sequence[Request], prefiller: Prefiller,
+                 decode: Callable[[list[int]], str] | None, eos: Sequence[int], batch_size: int):
+        self.model, self.prefiller, self.batch_size = model, prefiller, batch_size
+        full = tuple(range(model.cfg.n_layers))
+        self.rows = [
+            _Row(r, r.route if r.route is not None else full,
+                 StopCheck(tuple(eos) if r.stop_token_ids is None else r.stop_token_ids, r.stop_strings, decode,
+                           r.max_new_tokens),
+                 torch.Generator().manual_seed(int(r.seed)) if r.temperature > 0 else None)
+            for r in requests
+        ]
+        prompt_order = {p: i for i, p in enumerate(dict.fromkeys(r.prompt for r in requests))}
+        order = sorted(range(len(self.rows)), key=lambda i: (prompt_order[self.rows[i].request.prompt],
+                                                             self.rows[i].route, i))
+        self.waiting = order  # row ids in start order
+        self.routes_of: dict[Path, list[Path]] = {}
+        self.left: dict[Path, int] = {}
+        for row in self.rows:
+            self.routes_of.setdefault(row.request.prompt, []).append(row.route)
+            self.left[row.request.prompt] = self.left.get(row.request.prompt, 0) + 1
+        self.prefilled: dict[Path, dict[Path, Prefilled]] = {}
+        self.capacity_extra = max(r.max_new_tokens for r in requests) + 1
+        self.devices: list[torch.device] = []
+
+    # ---- starting rows ------------------------------------------------------------------------
+
+    def _prefill(self, row_id: int) -> Prefilled:
+        row = self.rows[row_id]
+        prompt = row.request.prompt
+        if prompt not in self.prefilled:
+            self.prefilled[prompt] = self.prefiller(prompt, self.routes_of[prompt])
+        found = self.prefilled[prompt][row.route]
+        self.left[prompt] -= 1
+        if self.left[prompt] == 0:
+            del self.prefilled[prompt], self.routes_of[prompt]
+        return found
+
+    def _start(self, row_id: int) -> Prefilled:
+        """Prefill (shared) and choose the row's first token."""
+        pre = self._prefill(row_id)
+        check_finite(pre.logits[None], lambda _: self._describe(row_id))
+        self._record(row_id, pre.logits[None], pre.hidden)
+        return pre
+
+    def _record(self, row_id: int, logits: Tensor, hidden: Tensor) -> None:
+        row = self.rows[row_id]
+        tokens, logprobs, entropies = choose(logits, [row.request.temperature], [row.generator])
+        self._append(row_id, int(tokens[0]), float(logprobs[0]), float(entropies[0]), hidden)
+
+    def _append(self, row_id: int, token: int, logprob: float, entropy: float, hidden: Tensor) -> None:
+        row = self.rows[row_id]
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        row.entropies.append(entropy)
+        row.finish_reason, row.text = row.stop(row.tokens)
+        if row.finish_reason is not None and row.request.keep_hidden:
+            row.hidden = hidden.detach().float().cpu().clone()
+
+    def _describe(self, row_id: int) -> str:
+        row = self.rows[row_id]
+        route = "" if row.request.route is None else f", route {list(row.route)}"
+        return (f"request {row_id} (prompt of {len(row.request.prompt)} tokens{route}) at generated token "
+                f"{len(row.tokens)}")
+
+    # ---- batches --------------------------------------------------------------------------------
+
+    def _take_fitting(self, sched: Sequence[int] | None) -> int | None:
+        """Pop the first waiting row (among the next few) whose route fits ``sched`` (any row when None)."""
+        for k, row_id in enumerate(self.waiting[: FIT_WINDOW * self.batch_size]):
+            if sched is None or embed(self.rows[row_id].route, sched) is not None:
+                return self.waiting.pop(k)
+        return None
+
+    def _new_batch(self) -> bool:
+        """Start up to ``batch_size`` rows in a new batch; False when nothing is left to run."""
+        started: list[tuple[int, Prefilled]] = []
+        while self.waiting and len(started) < self.batch_size:
+            row_id = self.waiting.pop(0)
+            pre = self._start(row_id)
+            if self.rows[row_id].finish_reason is None:
+                started.append((row_id, pre))
+        if not started:
+            return False
+        self.schedule = schedule([self.rows[r].route for r, _ in started])
+        self.devices = [get_device_for_block_index(layer, self.model.cfg) for layer in self.schedule]
+        width = max(len(self.rows[r].request.prompt) for r, _ in started)
+        self.slots = [r for r, _ in started]
+        self.cache = DecodeCache.allocate(self.model, self.devices, len(started), width + self.capacity_extra)
+        self.lengths = torch.tensor([len(self.rows[r].request.prompt) for r in self.slots], dtype=torch.long)
+        self.cache.set_width(width, self.lengths)
+        self.keep = torch.zeros(len(started), len(self.schedule), dtype=torch.bool)
+        self.next_tokens = torch.tensor([self.rows[r].tokens[-1] for r in self.slots], dtype=torch.long)
+        for slot, (row_id, pre) in enumerate(started):
+            self._write(slot, row_id, pre)
+        return True
+
+    def _write(self, slot: int, row_id: int, pre: Prefilled) -> None:
+        row = self.rows[row_id]
+        used = embed(row.route, self.schedule)
+        sources: list[tuple[Tensor, Tensor] | None] = [None] * len(self.schedule)
+        for i, j in enumerate(used):
+            sources[j] = pre.kv[i]
+        self.cache.write_row(slot, sources, len(row.request.prompt))
+        self.keep[slot] = False
+        self.keep[slot, used] = True
+        self.slots[slot] = row_id
+        self.lengths[slot] = len(row.request.prompt)
+        self.next_tokens[slot] = row.tokens[-1]
+
+    def _fill(self) -> None:
+        """Start waiting rows that fit the schedule in idle slots."""
+        while self.waiting:
+            idle = [s for s, r in enumerate(self.slots) if r < 0]
+            if not idle:
+                return
+            row_id = self._take_fitting(self.schedule)
+            if row_id is None:
+                return
+            pre = self._start(row_id)
+            if self.rows[row_id].finish_reason is not None:
+                continue
+            n = len(self.rows[row_id].request.prompt)
+            if n > self.cache.width:
+                self._regather(keep_idle=True, width=n)
+                idle = [s for s, r in enumerate(self.slots) if r < 0]
+            self._write(idle[0], row_id, pre)
+
+    def _regather(self, keep_idle: bool, width: int | None = None) -> None:
+        """Rebuild the cache: drop idle slots unless ``keep_idle``, drop all-padding columns, make room."""
+        keep = [s for s, r in enumerate(self.slots) if keep_idle or r >= 0]
+        lengths = self.lengths[keep].clone()
+        lengths[torch.tensor([self.slots[s] < 0 for s in keep], dtype=torch.bool)] = 0
+        width = int(lengths.max()) if width is None else width
+        self.cache = self.cache.gather(keep, lengths, width, width + self.capacity_extra)
+        self.slots = [self.slots[s] for s in keep]
+        self.lengths = lengths
+        self.keep = self.keep[keep]
+        self.next_tokens = self.next_tokens[keep]
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> list[Generation]:
+        while self._new_batch():
+            while any(r >= 0 for r in self.slots):
+                if self.cache.width + 1 > self.cache.capacity:
+                    self._regather(keep_idle=bool(self.waiting))
+                self._step()
+                n_idle = sum(r < 0 for r in self.slots)
+                if n_idle and self.waiting:
+                    self._fill()
+                    n_idle = sum(r < 0 for r in self.slots)
+                if n_idle and 2 * n_idle >= len(self.slots) and any(r >= 0 for r in self.slots):
+                    self._regather(keep_idle=False)
+        return [Generation(r.tokens, r.logprobs, r.entropies, r.finish_reason, r.text, r.request.route, r.hidden)
+                for r in self.rows]
+
+    def _step(self) -> None:
+        model, device = self.model, self.model.cfg.device
+        tokens = self.next_tokens[:, None].to(device)
+        live = [s for s, r in enumerate(self.slots) if r >= 0]
+        positions = torch.where(torch.tensor([r >= 0 for r in self.slots]), self.lengths, -1)[:, None]
+        prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots])
+        keep_all = self.keep[live].all(0).tolist()
+        keep = self.keep.to(device)
+        with row_positions(positions.to(device), prompt_lengths.to(device)):
+            resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens),
+                                                               past_kv_cache=self.cache)
+            for j, layer in enumerate(self.schedule):
+                dev = self.devices[j]
+                resid = resid.to(dev)
+                post = model.blocks[layer](resid, shortformer_pos_embed=None if shortformer is None else shortformer.to(dev),
+                                           past_kv_cache_entry=self.cache.entries[j], attention_mask=mask.to(dev))
+                resid = post if keep_all[j] else torch.where(keep[:, j, None, None].to(dev), post, resid)
+            hidden = resid[:, -1]
+            logits = self.prefiller.logits(hidden)
+        self.lengths[live] += 1
+        check_finite(logits[live], lambda j: self._describe(self.slots[live[j]]))
+        rows = [self.slots[s] for s in live]
+        chosen, logprobs, entropies = choose(logits[live], [self.rows[r].request.temperature for r in rows],
+                                             [self.rows[r].generator for r in rows])
+        for j, (slot, row_id) in enumerate(zip(live, rows)):
+            self._append(row_id, int(chosen[j]), float(logprobs[j]), float(entropies[j]), hidden[slot])
+            self.next_tokens[slot] = int(chosen[j])
+            if self.rows[row_id].finish_reason is not None:
+                self.slots[slot] = -1
+                self.lengths[slot] = 0

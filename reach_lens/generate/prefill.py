@@ -1,0 +1,226 @@
+"""Prompt prefill under routes and hooks, sharing every computation that cannot differ.
+
+Two kinds of sharing, both exact:
+
+- **clean prefix**: blocks before the first hooked layer ``h`` compute the same thing with or without the
+  call's hooks. For each prompt, the residual entering every block and the keys/values of every block of
+  the *unhooked full path* are kept (``PrefixCache``, an LRU bounded in bytes, valid while the model's
+  parameters and modules are unchanged), so a call whose hooks start at layer ``h``, or a route that
+  first leaves the full path at position ``f``, prefills only from position ``min(h, f)`` on.
+- **route trie**: routes of one prompt that share their first layers share those positions: the
+  prefixes of a depth that end in the same layer run as one batch, each on its parent's residual.
+
+The K rows of one (prompt, route) share one prefill (the loop copies it into K decode slots).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities import apply_softcap
+from transformer_lens.utilities.multi_gpu import get_device_for_block_index
+
+from reach_lens.generate.attention import Entry
+from reach_lens.positions import row_positions
+
+Path = tuple[int, ...]
+
+
+@dataclass
+class CleanPrefix:
+    """One prompt run without hooks along the full path through its first ``depth`` blocks.
+
+    ``resid[d]``: ``[1, n, d_model]`` entering block d (d = 0..depth); ``kv[d]``: keys and values of block d,
+    ``[kv_head, n, d_head]`` each (d < depth).
+    """
+
+    resid: list[Tensor]
+    kv: list[tuple[Tensor, Tensor]]
+
+    @property
+    def depth(self) -> int:
+        return len(self.kv)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.resid) + sum(
+            k.numel() * k.element_size() * 2 for k, _ in self.kv)
+
+
+class PrefixCache:
+    """Clean prefixes by prompt, least recently used evicted beyond ``max_bytes``.
+
+    Entries are valid for one ``stamp`` (the model's parameters, modules and attention implementation):
+    a call with another stamp empties the cache first.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[Path, CleanPrefix] = OrderedDict()
+        self.stamp: Hashable = None
+        self.bytes = 0
+
+    def validate(self, stamp: Hashable) -> None:
+        if stamp != self.stamp:
+            self.clear()
+            self.stamp = stamp
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+    def get(self, prompt: Path) -> CleanPrefix | None:
+        found = self.entries.get(prompt)
+        if found is not None:
+            self.entries.move_to_end(prompt)
+        return found
+
+    def put(self, prompt: Path, prefix: CleanPrefix) -> None:
+        old = self.entries.pop(prompt, None)
+        self.bytes -= old.nbytes if old is not None else 0
+        if prefix.nbytes > self.max_bytes:
+            return
+        self.entries[prompt] = prefix
+        self.bytes += prefix.nbytes
+        while self.bytes > self.max_bytes:
+            _, evicted = self.entries.popitem(last=False)
+            self.bytes -= evicted.nbytes
+
+
+@dataclass
+class Prefilled:
+    """One (prompt, route) after its prompt: keys/values per route position (``[kv_head, n, d_head]`` each),
+    the residual entering ``ln_final`` at the last prompt position (``[d_model]``) and the next-token logits
+    (``[d_vocab]``)."""
+
+    kv: list[tuple[Tensor, Tensor]]
+    hidden: Tensor
+    logits: Tensor
+
+
+def clean_length(route: Path) -> int:
+    """How many first positions of ``route`` are the full path's (0, 1, 2, ...)."""
+    return next((i for i, layer in enumerate(route) if layer != i), len(route))
+
+
+class Prefiller:
+    """Prefills of the (prompt, route) pairs of one engine call (see the module docstring).
+
+    ``hooked_from`` is the first layer any hook of the call can touch (-1: the embedding is hooked; L: only
+    ``ln_final``/unembed or nothing), ``share`` turns both kinds of sharing off when False (a reference).
+    """
+
+    def __init__(self, model: HookedTransformer, cache: PrefixCache | None, hooked_from: int, share: bool = True):
+        self.model, self.cache, self.hooked_from, self.share = model, cache, hooked_from, share
+        self.n_layers = model.cfg.n_layers
+
+    # ---- pieces ---------------------------------------------------------------------------------
+
+    def _device(self, layer: int) -> torch.device:
+        return get_device_for_block_index(layer, self.model.cfg)
+
+    def _embed(self, prompt: Path) -> Tensor:
+        tokens = torch.tensor([prompt], dtype=torch.long, device=self.model.cfg.device)
+        resid, _, _, _ = self.model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens))
+        return resid
+
+    def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Entry]:
+        """Block ``layer`` over rows of one prompt (no padding), with a fresh cache entry."""
+        device = self._device(layer)
+        batch, n = resid.shape[:2]
+        entry = Entry.empty(self.model, batch, n, device)
+        ones = torch.ones((batch, n), dtype=torch.long, device=device)
+        out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
+        return out, entry
+
+    def _clean(self, prompt: Path, depth: int) -> CleanPrefix:
+        """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there."""
+        found = self.cache.get(prompt) if self.cache is not None else None
+        if found is None:
+            found = CleanPrefix([self._embed(prompt)], [])
+        for layer in range(found.depth, depth):
+            out, entry = self._block(layer, found.resid[-1])
+            found.resid.append(out)
+            found.kv.append(entry.row(0))
+        if self.cache is not None:
+            self.cache.put(prompt, found)
+        return found
+
+    def logits(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
+        """Next-token logits from residuals entering ``ln_final`` (hooks on ln_final/unembed fire)."""
+        model = self.model
+        x = resid[:, None].to(model.cfg.device)
+        if model.cfg.normalization_type is not None:
+            x = model.ln_final(x)
+        return apply_softcap(model.unembed(x), model.cfg.output_logits_soft_cap)[:, 0]
+
+    # ---- one prompt, many routes ----------------------------------------------------------------
+
+    def __call__(self, prompt: Path, routes: Sequence[Path]) -> dict[Path, Prefilled]:
+        """Prefill of every route of ``prompt`` (routes given as layer tuples; the full path included as such)."""
+        routes = list(dict.fromkeys(routes))
+        n = len(prompt)
+        with row_positions(torch.arange(n)[None], torch.tensor([n])):
+            if not self.share:
+                return {r: self._alone(prompt, r) for r in routes}
+            return self._shared(prompt, routes)
+
+    def _start(self, route: Path) -> int:
+        """Positions of ``route`` served by the clean prefix."""
+        return min(clean_length(route), self.hooked_from) if self.hooked_from >= 0 else 0
+
+    def _shared(self, prompt: Path, routes: list[Path]) -> dict[Path, Prefilled]:
+        start = {r: self._start(r) for r in routes}
+        clean = self._clean(prompt, max(start.values())) if self.hooked_from >= 0 else None
+        embedded = self._embed(prompt) if clean is None else None  # the embedding itself is hooked
+        todo = sorted({r[:i] for r in routes for i in range(start[r] + 1, len(r) + 1)}, key=len)
+        resid: dict[Path, Tensor] = {}
+        kv: dict[Path, tuple[Tensor, Tensor]] = {}
+        last: dict[Path, Tensor] = {}
+        for r in routes:
+            if start[r] == len(r):
+                last[r] = clean.resid[len(r)][0, -1]
+        for depth in sorted({len(p) for p in todo}):
+            level = [p for p in todo if len(p) == depth]
+            for layer in sorted({p[-1] for p in level}):
+                group = [p for p in level if p[-1] == layer]
+                parents = [self._parent(p, clean, embedded, resid) for p in group]
+                out, entry = self._block(layer, torch.cat(parents))
+                for g, p in enumerate(group):
+                    resid[p] = out[g:g + 1]
+                    kv[p] = entry.row(g)
+                    if p in start:
+                        last[p] = out[g, -1]
+            for p in [p for p in resid if len(p) < depth]:
+                del resid[p]
+        logits = self.logits(torch.stack([last[r].to(self.model.cfg.device) for r in routes]))
+        out = {}
+        for j, r in enumerate(routes):
+            entries = [clean.kv[i] if i < start[r] else kv[r[:i + 1]] for i in range(len(r))]
+            out[r] = Prefilled(entries, last[r], logits[j])
+        return out
+
+    def _parent(self, prefix: Path, clean: CleanPrefix | None, embedded: Tensor | None,
+                resid: dict[Path, Tensor]) -> Tensor:
+        parent = prefix[:-1]
+        if parent in resid:
+            return resid[parent]
+        if clean is None:
+            return embedded  # depth 0 under a hooked embedding
+        return clean.resid[len(parent)]  # the parent is the clean full path's start
+
+    def _alone(self, prompt: Path, route: Path) -> Prefilled:
+        """The reference: every position of the route computed for this route alone, from the embedding."""
+        resid = self._embed(prompt)
+        kv = []
+        for layer in route:
+            resid, entry = self._block(layer, resid)
+            kv.append(entry.row(0))
+        hidden = resid[0, -1]
+        return Prefilled(kv, hidden, self.logits(hidden[None])[0])

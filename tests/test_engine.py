@@ -1,0 +1,340 @@
+"""The generation engine against independent references on tiny random models: an uncached forward (full path),
+a plain uncached block loop (routes), and each request run alone."""
+import pytest
+import torch
+from conftest import make_tiny_model
+from transformer_lens import HookedTransformer
+
+from reach_lens.generate import (Engine, EngineCapabilityError, Generation, LoglikRequest, NonFiniteLogits, Request,
+                                 TransformerLensEngine, engine_for, first_hooked_layer, row_seed)
+from reach_lens.generate.attention import output_weight
+from reach_lens.generate.loop import embed, schedule
+from reach_lens.hooks import Silence, Steer, hooks_for
+
+
+def reference(model: HookedTransformer, prompt, n, route=None, hooks=(), stop=None):
+    """Greedy tokens by uncached forwards (``model(...)`` for the full path, a plain block loop for a route),
+    with each step's log-prob and entropy, and the last residual entering ln_final."""
+    tokens, logprobs, entropies, hidden = list(prompt), [], [], None
+    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
+        for _ in range(n):
+            t = torch.tensor([tokens])
+            if route is None:
+                resid = model(t, stop_at_layer=model.cfg.n_layers)
+            else:
+                resid = model.input_to_embed(t)[0]
+                for layer in route:
+                    resid = model.blocks[layer](resid)
+            hidden = resid[0, -1]
+            logits = model.unembed(model.ln_final(resid))[0, -1]
+            logp = torch.log_softmax(logits, -1)
+            token = int(logp.argmax())
+            tokens.append(token)
+            logprobs.append(float(logp[token]))
+            entropies.append(float(-(logp.exp() * logp).sum()))
+            if token == stop:
+                break
+    return tokens[len(prompt):], logprobs, entropies, hidden
+
+
+def random_prompts(lengths, d_vocab=50, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(0, d_vocab, (n,), generator=g).tolist()) for n in lengths]
+
+
+def letters(ids):
+    return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def greedy(prompt, n, route=None, stop=(), keep_hidden=False):
+    return Request(prompt, max_new_tokens=n, route=route, stop_token_ids=stop, keep_hidden=keep_hidden)
+
+
+@pytest.fixture(scope="module")
+def model() -> HookedTransformer:
+    return make_tiny_model(n_layers=4)
+
+
+@pytest.fixture(scope="module")
+def fallback_model() -> HookedTransformer:
+    """Per-head attention results are not supported by the engine's own attention: TransformerLens's runs."""
+    m = make_tiny_model(seed=3)
+    m.set_use_attn_result(True)
+    return m
+
+
+ROUTES = [None, (0, 1, 2, 3), (0, 2, 3), (1, 3), (0, 1, 1, 2, 3), (0, 0, 1, 3, 3), (2, 0, 1, 3), (0, 1, 2, 3, 2)]
+HOOKS = {"none": [], "mlp1": [("blocks.1.hook_mlp_out", lambda a, hook: torch.zeros_like(a))],
+         "embed": [("hook_embed", lambda a, hook: a * 1.5)]}
+
+
+@pytest.mark.parametrize("which", ["model", "fallback_model"])
+@pytest.mark.parametrize("hooks", list(HOOKS))
+def test_greedy_equals_uncached_reference_for_routes_in_mixed_batches(which, hooks, request):
+    m = request.getfixturevalue(which)
+    prompts = random_prompts([3, 17, 6, 30])
+    reqs = [greedy(p, 7, r, keep_hidden=True) for p in prompts for r in ROUTES]
+    # batch_size 3: rows of several prompts and routes share a batch, end, and are refilled
+    gens = TransformerLensEngine(m).generate(reqs, hooks=HOOKS[hooks], batch_size=3)
+    assert len({len(r.prompt) for r in reqs}) > 1
+    for req, gen in zip(reqs, gens):
+        tokens, logprobs, entropies, hidden = reference(m, req.prompt, 7, req.route, HOOKS[hooks])
+        assert gen.tokens == tokens, (req.prompt, req.route)
+        assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4)
+        assert gen.token_entropies == pytest.approx(entropies, abs=1e-4)
+        torch.testing.assert_close(gen.hidden, hidden, atol=1e-3, rtol=1e-3)
+        assert gen.route == req.route and gen.finish_reason == "length"
+
+
+def test_stop_tokens_end_rows_and_slots_are_refilled(model):
+    prompts = random_prompts([3, 5, 30, 2, 17, 44])
+    stop = reference(model, prompts[0], 4)[0][3]
+    gens = engine_for(model).generate([greedy(p, 12, stop=(stop,)) for p in prompts], batch_size=2)
+    for p, gen in zip(prompts, gens):
+        tokens = reference(model, p, 12, stop=stop)[0]
+        assert gen.tokens == tokens
+        assert gen.finish_reason == ("eos" if tokens[-1] == stop else "length")
+    assert gens[0].finish_reason == "eos" and len(gens[0].tokens) <= 4
+
+
+def test_prefix_sharing_changes_nothing_and_a_weight_edit_invalidates_it():
+    m = make_tiny_model(seed=4)
+    prompts = random_prompts([9, 4])
+    reqs = [greedy(p, 5, r) for p in prompts for r in ROUTES]
+    engine = TransformerLensEngine(m)
+    alone = TransformerLensEngine(m, share_prefixes=False)
+    for hooks in HOOKS.values():
+        first = engine.generate(reqs, hooks=hooks)
+        again = engine.generate(reqs, hooks=hooks)  # served from the clean-prefix cache
+        reference_gens = alone.generate(reqs, hooks=hooks)
+        assert [g.tokens for g in first] == [g.tokens for g in again] == [g.tokens for g in reference_gens]
+        for a, b in zip(again, reference_gens):
+            assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-5)
+    assert engine.prefix_cache.entries
+    with torch.no_grad():
+        m.blocks[0].mlp.W_out.mul_(-3.0)  # an in-place edit: cached prefixes are stale
+    edited = engine.generate(reqs)
+    assert [g.tokens for g in edited] == [reference(m, r.prompt, 5, r.route)[0] for r in reqs]
+
+
+def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alone(model):
+    prompts = random_prompts([4, 19, 7, 12])
+    v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    mean = torch.randn(64, model.cfg.d_model, generator=torch.Generator().manual_seed(1))
+    interventions = {
+        # prefill positions, counted from each prompt's end, and decode positions beyond the shortest prompts
+        "steer_last_prompt": [Steer(2, tuple(v.tolist()), 10.0, positions=(-1,))],
+        "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, hook="resid_pre", positions=(6, 9, 21))],
+        "silence_mean": [Silence("mlp", 2, mode="mean", mean=tuple(map(tuple, mean.tolist())))],
+    }
+    engine = engine_for(model)
+    for name, ivs in interventions.items():
+        hooks = hooks_for(ivs, model)
+        batched = engine.generate([greedy(p, 8) for p in prompts], hooks=hooks, batch_size=4)
+        plain = engine.generate([greedy(p, 8) for p in prompts], batch_size=4)
+        moved = max(abs(a - b) for g, h in zip(batched, plain) for a, b in zip(g.token_logprobs, h.token_logprobs))
+        assert moved > 1e-2, name  # the intervention acts
+        for p, gen in zip(prompts, batched):
+            single = engine.generate([greedy(p, 8)], hooks=hooks_for(ivs, model), batch_size=1)[0]
+            assert gen.tokens == single.tokens, (name, len(p))
+            assert gen.token_logprobs == pytest.approx(single.token_logprobs, abs=1e-4)
+    # and absolute positions equal an uncached forward's (each forward there is a fresh prompt: positions >= 0)
+    ivs = [Steer(1, tuple(v.tolist()), 4.0, positions=(2, 5))]
+    for p, gen in zip(prompts, engine.generate([greedy(p, 6) for p in prompts], hooks=hooks_for(ivs, model))):
+        assert gen.tokens == reference(model, p, 6, hooks=hooks_for(ivs, model))[0]
+
+
+def test_samples_depend_on_prompt_route_temperature_and_seed_only(model):
+    prompts = random_prompts([6, 11, 4])
+
+    def req(p, seed, route=None, T=0.8):
+        return Request(p, max_new_tokens=10, temperature=T, seed=seed, route=route, stop_token_ids=())
+
+    engine = engine_for(model)
+    alone = [g.tokens for g in engine.generate([req(prompts[1], row_seed(5, k)) for k in range(4)], batch_size=1)]
+    crowd = engine.generate([req(p, row_seed(s, k), r) for p, s in zip(prompts, (1, 5, 2)) for r in (None, (0, 2, 3))
+                             for k in range(4)], batch_size=5)
+    assert [g.tokens for g in crowd[8:12]] == alone
+    assert len({tuple(t) for t in alone}) > 1  # the K samples differ
+    other = [g.tokens for g in engine.generate([req(prompts[1], row_seed(6, k)) for k in range(4)])]
+    assert other != alone
+    greedy_rows = engine.generate([req(prompts[1], row_seed(5, 0), T=0.0)])  # T = 0 ignores the seed
+    assert greedy_rows[0].tokens == reference(model, prompts[1], 10)[0]
+
+
+def test_sampling_follows_the_tempered_distribution(model):
+    prompt = random_prompts([5])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]))[0, -1]
+    n = 3000
+    for temperature in (1.0, 0.5):
+        gens = engine_for(model).generate([Request(prompt, 1, temperature=temperature, seed=row_seed(0, k))
+                                           for k in range(n)], batch_size=64)
+        counts = torch.bincount(torch.tensor([g.tokens[0] for g in gens]), minlength=50).double()
+        expected = torch.softmax(logits.double() / temperature, -1)
+        assert 0.5 * (counts / n - expected).abs().sum() < 0.06
+        assert gens[0].token_logprobs[0] == pytest.approx(float(torch.log_softmax(logits, -1)[gens[0].tokens[0]]),
+                                                          abs=1e-5)
+
+
+def test_stop_strings_cut_text():
+    class Letters:
+        eos_token_id = None
+        padding_side = "right"
+
+        def decode(self, ids, skip_special_tokens=True):
+            return letters(ids)
+
+    m = make_tiny_model(seed=6)
+    m.tokenizer = Letters()
+    prompt = random_prompts([8])[0]
+    tokens = reference(m, prompt, 10)[0]
+    text = letters(tokens)
+    stop = text[4:6]
+    gen = TransformerLensEngine(m).generate([Request(prompt, 10, stop_strings=(stop,))])[0]
+    assert gen.finish_reason == "stop" and gen.text == text[:text.find(stop)]
+    assert gen.tokens == tokens[: text.find(stop) + len(stop)]
+    plain = TransformerLensEngine(m).generate([Request(prompt, 10)])[0]
+    assert plain.text == text and plain.finish_reason == "length"
+
+
+def test_hooks_see_one_position_per_decode_step_and_are_removed(model):
+    prompts = random_prompts([6, 13])
+    shapes = []
+
+    def record(act, hook):
+        shapes.append(tuple(act.shape[:2]))
+        return act
+
+    engine_for(model).generate([greedy(p, 3) for p in prompts], hooks=[("blocks.0.hook_resid_pre", record)])
+    assert shapes[:2] == [(1, 6), (1, 13)]  # each prompt prefilled alone
+    assert shapes[2:] == [(2, 1), (2, 1)]  # then one position per decode step for both rows
+    assert not model.hook_dict["blocks.0.hook_resid_pre"].fwd_hooks
+
+    def boom(act, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        engine_for(model).generate([greedy(prompts[0], 2)], hooks=[("blocks.3.hook_mlp_out", boom)])
+    assert all("forward" not in block.attn.__dict__ for block in model.blocks)
+    assert not model.hook_dict["blocks.3.hook_mlp_out"].fwd_hooks
+
+
+def test_attention_pattern_hooks_see_the_uncached_values(model):
+    prompt = random_prompts([9])[0]
+    seen = []
+
+    def record(act, hook):
+        seen.append(act[0, :, -1].clone())
+        return act
+
+    gen = engine_for(model).generate([greedy(prompt, 3)], hooks=[("blocks.2.attn.hook_pattern", record)])[0]
+    full = list(prompt) + gen.tokens
+    for step in range(3):
+        _, cache = model.run_with_cache(torch.tensor([full[: len(prompt) + step]]))
+        torch.testing.assert_close(seen[step], cache["blocks.2.attn.hook_pattern"][0, :, -1], atol=1e-5, rtol=1e-4)
+
+
+def test_first_hooked_layer(model):
+    assert first_hooked_layer(model) == model.cfg.n_layers
+    for hooks, expected in ((HOOKS["mlp1"], 1), (HOOKS["embed"], -1),
+                            ([("ln_final.hook_normalized", lambda a, hook: a)], model.cfg.n_layers),
+                            ([(lambda name: name.endswith("hook_mlp_out"), lambda a, hook: a)], 0)):
+        with model.hooks(fwd_hooks=hooks):
+            assert first_hooked_layer(model) == expected
+
+
+def test_non_finite_activations_raise_naming_the_request(model):
+    nan = [("blocks.2.hook_resid_post", lambda a, hook: a * float("nan"))]
+    nan_on_long = [("blocks.2.hook_resid_post", lambda a, hook: a * float("nan") if a.shape[1] == 4 else a)]
+    with pytest.raises(NonFiniteLogits, match=r"request 1 \(prompt of 4 tokens\) at generated token 0.*hook"):
+        engine_for(model).generate([greedy((1, 2), 2), greedy((1, 2, 3, 4), 2)], hooks=nan_on_long, batch_size=1)
+
+    late = {"calls": 0}
+
+    def nan_at_decode(act, hook):
+        late["calls"] += 1
+        return act * float("nan") if act.shape[1] == 1 else act
+
+    with pytest.raises(NonFiniteLogits, match="at generated token 1"):
+        engine_for(model).generate([greedy((1, 2, 3), 4)], hooks=[("blocks.0.hook_mlp_out", nan_at_decode)])
+    with pytest.raises(NonFiniteLogits, match="loglik request 0"):
+        engine_for(model).loglik([LoglikRequest((1, 2), (3, 4))], hooks=nan)
+
+
+def test_loglik_equals_an_unbatched_forward(model):
+    reqs = [LoglikRequest(p[:-2], p[-2:]) for p in random_prompts([5, 12, 3, 8])]
+    scores = engine_for(model).loglik(reqs, batch_size=3)
+    for r, s in zip(reqs, scores):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([r.context + r.continuation]))[0], -1)
+        n = len(r.context)
+        expected = sum(float(logp[n - 1 + i, t]) for i, t in enumerate(r.continuation))
+        assert s == pytest.approx(expected, abs=1e-4)
+
+
+def test_bad_requests_name_the_value(model):
+    engine = engine_for(model)
+    with pytest.raises(ValueError, match="token id 50 out of range"):
+        engine.generate([greedy((1, 50), 2)])
+    with pytest.raises(ValueError, match="pass a seed"):
+        Request((1, 2), 2, temperature=0.7)
+    with pytest.raises(ValueError, match="n_ctx=128"):
+        engine.generate([greedy((1,) * 100, 29)])
+    with pytest.raises(ValueError, match="prompt is empty"):
+        Request((), 2)
+    with pytest.raises(ValueError, match="temperature -0.5 out of range"):
+        Request((1,), 2, temperature=-0.5, seed=0)
+    with pytest.raises(ValueError, match=r"route \[0, 4\] has layer 4, out of range for a 4-layer model"):
+        engine.generate([greedy((1, 2), 2, route=(0, 4))])
+    with pytest.raises(ValueError, match="need a decoder"):
+        TransformerLensEngine(make_tiny_model()).generate([Request((1,), 2, stop_strings=("x",))])
+
+
+def test_an_engine_without_a_capability_refuses_requests_that_need_it():
+    class SamplingOnly(Engine):
+        name = "sampling_only"
+        capabilities = frozenset({"loglik"})
+        tokenizer = None
+
+        def encode(self, text):
+            return [1]
+
+        def generate(self, requests, hooks=(), batch_size=16):
+            self.check(requests, hooks)
+            return []
+
+        def loglik(self, requests, hooks=(), batch_size=32):
+            return []
+
+    engine = SamplingOnly()
+    assert engine.generate([greedy((1,), 2)]) == []
+    with pytest.raises(EngineCapabilityError, match="request 1 has route"):
+        engine.generate([greedy((1,), 2), greedy((1,), 2, route=(0, 1))])
+    with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
+        engine.generate([greedy((1,), 2)], hooks=HOOKS["mlp1"])
+    with pytest.raises(EngineCapabilityError, match="hidden states"):
+        engine.generate([greedy((1,), 2, keep_hidden=True)])
+
+
+def test_schedule_is_a_common_supersequence_and_routes_embed():
+    routes = [(0, 1, 2, 3), (0, 2, 3), (0, 1, 1, 2, 3), (0, 0, 3)]
+    sched = schedule(routes)
+    assert sched == [0, 0, 1, 1, 2, 3]
+    assert all(embed(r, sched) is not None for r in routes)
+    unordered = schedule([(2, 0, 1, 3), (0, 1, 2, 3)])
+    assert embed((2, 0, 1, 3), unordered) is not None and embed((0, 1, 2, 3), unordered) is not None
+    assert embed((0, 1, 1), [0, 1, 2]) is None
+
+
+def test_output_weight_is_a_view_in_both_storages():
+    W_O = torch.randn(4, 8, 32)
+    friendly = W_O.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    for w in (W_O, friendly):
+        torch.testing.assert_close(output_weight(w), W_O.flatten(0, 1).T)
+    assert output_weight(friendly).data_ptr() == friendly.data_ptr()
+
+
+def test_generation_means():
+    gen = Generation([1, 2], [-1.0, -3.0], [0.5, 1.5], "length", None)
+    assert gen.mean_logprob == -2.0 and gen.entropy == 1.0
