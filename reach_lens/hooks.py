@@ -231,7 +231,8 @@ def unit_hooks(model: HookedTransformer, layer: int, units: Sequence[int], mode:
     if bad:
         raise ValueError(f"unit {bad[0]} out of range for d_mlp={d_mlp} (0..{d_mlp - 1})")
     idx = list(units)
-    factor = torch.zeros(d_mlp) if mode == "keep" else torch.ones(d_mlp)
+    device = model.blocks[layer].mlp.W_out.device
+    factor = torch.zeros(d_mlp, device=device) if mode == "keep" else torch.ones(d_mlp, device=device)
     factor[idx] = {"keep": 1.0, "zero": 0.0, "scale": scale}[mode]
     return [(f"blocks.{layer}.mlp.hook_post", lambda act, hook: act * factor.to(act))]
 

@@ -43,8 +43,10 @@ class RowPositions:
         wanted = torch.tensor(list(targets), dtype=torch.long, device=self.positions.device)
         lengths = self.prompt_lengths.to(self.positions.device)
         resolved = torch.where(wanted[None, :] < 0, lengths[:, None] + wanted[None, :], wanted[None, :])  # [batch, n]
-        if bool((resolved < 0).any()):
-            row, col = (resolved < 0).nonzero()[0].tolist()
+        active = (self.positions >= 0).any(-1)  # idle slots hold no row
+        before_start = (resolved < 0) & active[:, None]
+        if bool(before_start.any()):
+            row, col = before_start.nonzero()[0].tolist()
             raise ValueError(f"position {targets[col]} is before the start of a {int(lengths[row])}-position prompt "
                              f"(row {row})")
         hit = (self.positions[:, :, None] == resolved[:, None, :]).any(-1)

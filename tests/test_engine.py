@@ -338,3 +338,16 @@ def test_output_weight_is_a_view_in_both_storages():
 def test_generation_means():
     gen = Generation([1, 2], [-1.0, -3.0], [0.5, 1.5], "length", None)
     assert gen.mean_logprob == -2.0 and gen.entropy == 1.0
+
+
+def test_positioned_hooks_ignore_idle_slots(model):
+    """A row that ends early leaves an idle slot (no prompt): positions counted from a prompt's end must not be
+    resolved against it."""
+    v = tuple(torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2)).tolist())
+    hooks = hooks_for([Steer(2, v, 10.0, positions=(-1, -3))], model)
+    prompts = random_prompts([5, 9, 4])
+    requests = [Request(p, n, stop_token_ids=()) for p, n in zip(prompts, (1, 8, 6))]
+    together = engine_for(model).generate(requests, hooks=hooks, batch_size=3)
+    for r, gen in zip(requests, together):
+        assert gen.tokens == engine_for(model).generate([r], hooks=hooks_for([Steer(2, v, 10.0, positions=(-1, -3))],
+                                                                              model))[0].tokens

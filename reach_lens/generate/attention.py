@@ -29,6 +29,11 @@ from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.utilities import apply_softcap
 
 
+def block_device(model: HookedTransformer, layer: int) -> torch.device:
+    """Where block ``layer``'s parameters live (models split over devices run each block where it is)."""
+    return next(model.blocks[layer].parameters()).device
+
+
 class Entry(TransformerLensKeyValueCacheEntry):
     """One block's keys and values in preallocated buffers (see the module docstring)."""
 
@@ -72,7 +77,7 @@ class DecodeCache(TransformerLensKeyValueCache):
                  capacity: int) -> "DecodeCache":
         """Empty buffers, one entry per slot, slot ``j`` on ``devices[j]``."""
         entries = [Entry.empty(model, batch, capacity, d) for d in devices]
-        mask = torch.zeros((batch, 0), dtype=torch.long, device=model.cfg.device)
+        mask = torch.zeros((batch, 0), dtype=torch.long, device=model.embed.W_E.device)
         return cls(entries=entries, previous_attention_mask=mask)
 
     @property

@@ -51,7 +51,8 @@ def choose(logits: Float[Tensor, "rows d_vocab"], temperatures: Sequence[float],
         index = torch.tensor(sampled, device=logits.device)
         temps = torch.tensor([temperatures[r] for r in sampled], dtype=logits.dtype, device=logits.device)
         cdf = torch.softmax(logits[index] / temps[:, None], dim=-1).double().cumsum(-1)
-        u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64) for r in sampled]).to(cdf.device)
+        u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64, device=generators[r].device)
+                         for r in sampled]).to(cdf.device)
         drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
         tokens[index] = drawn
     chosen = logp.gather(-1, tokens[:, None])[:, 0]

@@ -30,7 +30,8 @@ from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikR
 from reach_lens.hooks import Hooks, validate_route
 from reach_lens.models import encode
 
-CAPABILITIES = ("hooks", "routes", "hidden", "loglik")
+CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")
+CPU = torch.device("cpu")
 _BLOCK = re.compile(r"^blocks\.(\d+)(\.|$)")
 
 
@@ -146,7 +147,7 @@ class TransformerLensEngine(Engine):
         the positions that predict continuation tokens go through the unembedding."""
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
-        model, device = self.model, self.model.cfg.device
+        model, device = self.model, self.model.embed.W_E.device
         sequences = [(r.context + r.continuation, len(r.continuation)) for r in requests]
         for i, (ids, _) in enumerate(sequences):
             bad = [t for t in ids if not 0 <= t < model.cfg.d_vocab]
@@ -164,7 +165,7 @@ class TransformerLensEngine(Engine):
                 rows, positions, targets = [], [], []
                 for r, s in enumerate(chunk):
                     ids, n = sequences[s]
-                    tokens[r, : len(ids)] = torch.tensor(ids)
+                    tokens[r, : len(ids)] = torch.tensor(ids, device=device)
                     mask[r, : len(ids)] = 1
                     rows += [r] * n
                     positions += range(len(ids) - n - 1, len(ids) - 1)
@@ -182,8 +183,8 @@ class TransformerLensEngine(Engine):
                                           "(a hook may have written non-finite values into its activations)")
                 logp = torch.log_softmax(logits, dim=-1)
                 token_logp = logp[torch.arange(len(targets), device=logp.device), torch.tensor(targets, device=logp.device)]
-                sums = torch.zeros(len(chunk), dtype=torch.float64).index_add_(
-                    0, torch.tensor(rows), token_logp.double().cpu())
+                sums = torch.zeros(len(chunk), dtype=torch.float64, device=CPU).index_add_(
+                    0, torch.tensor(rows, device=CPU), token_logp.double().cpu())
                 for r, s in enumerate(chunk):
                     out[s] = float(sums[r])
         return out

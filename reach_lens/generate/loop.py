@@ -20,15 +20,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
-from transformer_lens.utilities.multi_gpu import get_device_for_block_index
-
-from reach_lens.generate.attention import DecodeCache
+from reach_lens.generate.attention import DecodeCache, block_device
 from reach_lens.generate.choice import StopCheck, check_finite, choose
 from reach_lens.generate.prefill import Path, Prefilled, Prefiller
 from reach_lens.generate.types import Generation, Request
 from reach_lens.positions import row_positions
 
 FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
+CPU = torch.device("cpu")  # bookkeeping (lengths, slots, keep masks, next tokens) lives on the host
 
 
 def schedule(routes: Sequence[Path]) -> list[int]:
@@ -106,7 +105,7 @@ class DecodeLoop:
             _Row(r, r.route if r.route is not None else full,
                  StopCheck(tuple(eos) if r.stop_token_ids is None else r.stop_token_ids, r.stop_strings, decode,
                            r.max_new_tokens),
-                 torch.Generator().manual_seed(int(r.seed)) if r.temperature > 0 else None)
+                 torch.Generator(device=CPU).manual_seed(int(r.seed)) if r.temperature > 0 else None)
             for r in requests
         ]
         prompt_order = {p: i for i, p in enumerate(dict.fromkeys(r.prompt for r in requests))}
@@ -182,14 +181,14 @@ class DecodeLoop:
         if not started:
             return False
         self.schedule = schedule([self.rows[r].route for r, _ in started])
-        self.devices = [get_device_for_block_index(layer, self.model.cfg) for layer in self.schedule]
+        self.devices = [block_device(self.model, layer) for layer in self.schedule]
         width = max(len(self.rows[r].request.prompt) for r, _ in started)
         self.slots = [r for r, _ in started]
         self.cache = DecodeCache.allocate(self.model, self.devices, len(started), width + self.capacity_extra)
-        self.lengths = torch.tensor([len(self.rows[r].request.prompt) for r in self.slots], dtype=torch.long)
+        self.lengths = torch.tensor([len(self.rows[r].request.prompt) for r in self.slots], dtype=torch.long, device=CPU)
         self.cache.set_width(width, self.lengths)
-        self.keep = torch.zeros(len(started), len(self.schedule), dtype=torch.bool)
-        self.next_tokens = torch.tensor([self.rows[r].tokens[-1] for r in self.slots], dtype=torch.long)
+        self.keep = torch.zeros(len(started), len(self.schedule), dtype=torch.bool, device=CPU)
+        self.next_tokens = torch.tensor([self.rows[r].tokens[-1] for r in self.slots], dtype=torch.long, device=CPU)
         for slot, (row_id, pre) in enumerate(started):
             self._write(slot, row_id, pre)
         return True
@@ -229,7 +228,7 @@ class DecodeLoop:
         """Rebuild the cache: drop idle slots unless ``keep_idle``, drop all-padding columns, make room."""
         keep = [s for s, r in enumerate(self.slots) if keep_idle or r >= 0]
         lengths = self.lengths[keep].clone()
-        lengths[torch.tensor([self.slots[s] < 0 for s in keep], dtype=torch.bool)] = 0
+        lengths[torch.tensor([self.slots[s] < 0 for s in keep], dtype=torch.bool, device=CPU)] = 0
         width = int(lengths.max()) if width is None else width
         self.cache = self.cache.gather(keep, lengths, width, width + self.capacity_extra)
         self.slots = [self.slots[s] for s in keep]
@@ -255,13 +254,15 @@ class DecodeLoop:
                 for r in self.rows]
 
     def _step(self) -> None:
-        model, device = self.model, self.model.cfg.device
+        model = self.model
+        device = model.embed.W_E.device
         tokens = self.next_tokens[:, None].to(device)
         live = [s for s, r in enumerate(self.slots) if r >= 0]
-        positions = torch.where(torch.tensor([r >= 0 for r in self.slots]), self.lengths, -1)[:, None]
-        prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots])
+        running = torch.tensor([r >= 0 for r in self.slots], device=CPU)
+        positions = torch.where(running, self.lengths, -1)[:, None]
+        prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots],
+                                      device=CPU)
         keep_all = self.keep[live].all(0).tolist()
-        keep = self.keep.to(device)
         with row_positions(positions.to(device), prompt_lengths.to(device)):
             resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens),
                                                                past_kv_cache=self.cache)
@@ -270,7 +271,7 @@ class DecodeLoop:
                 resid = resid.to(dev)
                 post = model.blocks[layer](resid, shortformer_pos_embed=None if shortformer is None else shortformer.to(dev),
                                            past_kv_cache_entry=self.cache.entries[j], attention_mask=mask.to(dev))
-                resid = post if keep_all[j] else torch.where(keep[:, j, None, None].to(dev), post, resid)
+                resid = post if keep_all[j] else torch.where(self.keep[:, j, None, None].to(dev), post, resid)
             hidden = resid[:, -1]
             logits = self.prefiller.logits(hidden)
         self.lengths[live] += 1

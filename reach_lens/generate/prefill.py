@@ -24,9 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
-from transformer_lens.utilities.multi_gpu import get_device_for_block_index
-
-from reach_lens.generate.attention import Entry
+from reach_lens.generate.attention import Entry, block_device
 from reach_lens.positions import row_positions
 
 Path = tuple[int, ...]
@@ -123,10 +121,10 @@ class Prefiller:
     # ---- pieces ---------------------------------------------------------------------------------
 
     def _device(self, layer: int) -> torch.device:
-        return get_device_for_block_index(layer, self.model.cfg)
+        return block_device(self.model, layer)
 
     def _embed(self, prompt: Path) -> Tensor:
-        tokens = torch.tensor([prompt], dtype=torch.long, device=self.model.cfg.device)
+        tokens = torch.tensor([prompt], dtype=torch.long, device=self.model.embed.W_E.device)
         resid, _, _, _ = self.model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens))
         return resid
 
@@ -155,7 +153,7 @@ class Prefiller:
     def logits(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
         """Next-token logits from residuals entering ``ln_final`` (hooks on ln_final/unembed fire)."""
         model = self.model
-        x = resid[:, None].to(model.cfg.device)
+        x = resid[:, None].to(model.unembed.W_U.device)
         if model.cfg.normalization_type is not None:
             x = model.ln_final(x)
         return apply_softcap(model.unembed(x), model.cfg.output_logits_soft_cap)[:, 0]
@@ -166,7 +164,8 @@ class Prefiller:
         """Prefill of every route of ``prompt`` (routes given as layer tuples; the full path included as such)."""
         routes = list(dict.fromkeys(routes))
         n = len(prompt)
-        with row_positions(torch.arange(n)[None], torch.tensor([n])):
+        device = self.model.embed.W_E.device
+        with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
             return self._shared(prompt, routes)
@@ -199,7 +198,7 @@ class Prefiller:
                         last[p] = out[g, -1]
             for p in [p for p in resid if len(p) < depth]:
                 del resid[p]
-        logits = self.logits(torch.stack([last[r].to(self.model.cfg.device) for r in routes]))
+        logits = self.logits(torch.stack([last[r].to(self.model.unembed.W_U.device) for r in routes]))
         out = {}
         for j, r in enumerate(routes):
             entries = [clean.kv[i] if i < start[r] else kv[r[:i + 1]] for i in range(len(r))]
