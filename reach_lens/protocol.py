@@ -215,24 +215,27 @@ class Protocol:
            seed: int = 0, source: str | os.PathLike | None = None, split: str | None = None, K: int | None = None,
            temperature: float = 0.0, interventions: Sequence[Any] = (), settings: Mapping[str, Any] | None = None,
            engine: str = "transformer_lens", device: str | None = None, dtype: str | None = None) -> Protocol:
-        """The protocol of running ``probe`` with ``model`` (a HookedTransformer) on ``questions`` of ``task``.
+        """The protocol of running ``probe`` with ``model`` (a HookedTransformer, or an ``Engine``: then ``engine``
+        is its name) on ``questions`` of ``task``.
 
-        Fills model (``model.cfg.model_name``), weights, grader (``task.grader``), the question-set hash, n,
-        max_new_tokens and stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which
+        Fills model and weights (the engine's ``describe()``: name, weight fingerprint), grader (``task.grader``),
+        the question-set hash, n, max_new_tokens and stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which
         generates nothing), device and dtype (the model's, unless given), version and commit.
         """
-        from reach_lens.models import model_fingerprint
+        from reach_lens.generate import Engine, engine_for
 
+        facts = (model if isinstance(model, Engine) else engine_for(model)).describe()
         generates = probe != "recognize"
         return cls(
-            study=study, model=model.cfg.model_name, weights=model_fingerprint(model), task=task.name,
+            study=study, model=facts["model"], weights=facts["weights"], task=task.name,
             source=None if source is None else os.fspath(source), split=split,
             questions=question_set_hash(questions), n=len(questions), seed=seed, fmt=fmt, grader=task.grader,
             probe=probe, K=K, temperature=temperature,
             max_new_tokens=task.max_new_tokens(fmt) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
-            engine=engine, device=device if device is not None else str(model.cfg.device),
-            dtype=dtype if dtype is not None else str(model.cfg.dtype).removeprefix("torch."),
+            engine=(model.name if isinstance(model, Engine) else engine),
+            device=device if device is not None else facts["device"],
+            dtype=dtype if dtype is not None else facts["dtype"],
             interventions=tuple(interventions), settings=dict(settings or {}),
         )
 

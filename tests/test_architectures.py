@@ -18,14 +18,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from reach_lens.models import (
-    _CONVERTERS,
-    ATTENTION_FEATURES,
-    SUPPORTED_ARCHITECTURES,
-    attention_features,
-    hooked_from_hf,
-    load_model,
-)
+from reach_lens.architectures import ATTENTION_FEATURES, CONVERTERS, SUPPORTED_ARCHITECTURES, attention_features
+from reach_lens.models import hooked_from_hf, load_model
 
 VOCAB_SIZE = 128
 SEQ_LEN = 16  # longer than every sliding window below (4), so windows matter
@@ -168,7 +162,7 @@ def test_tiny_checkpoint_matches_hf(tmp_path, case):
 
     # Unprocessed: the parameters are exactly the TransformerLens converter's output (no LN folding, no
     # centering, no value-bias folding), and the unembedding is the checkpoint's lm_head itself.
-    expected = _CONVERTERS[architecture](hf, model.cfg)
+    expected = CONVERTERS[architecture](hf, model.cfg)
     state = model.state_dict()
     for name, tensor in expected.items():
         if name == "pos_embed.W_pos":

@@ -58,3 +58,22 @@ def test_bfloat16_end_to_end_agrees_with_float32():
     ll = TransformerLensEngine(bf16).loglik([LoglikRequest(prompts[1][:-2], prompts[1][-2:])])
     ref = TransformerLensEngine(fp32).loglik([LoglikRequest(prompts[1][:-2], prompts[1][-2:])])
     assert ll[0] == pytest.approx(ref[0], abs=0.5)
+
+
+def test_place_on_devices_puts_blocks_in_pipeline_order_and_the_engine_follows_them():
+    """On this CPU machine every device is the CPU: the placement arithmetic and the engine's per-block moves run,
+    and nothing changes the results."""
+    from reach_lens.models import place_on_devices
+
+    model = make_tiny_model()
+    requests = [Request((1, 2, 3), 5, route=(0, 2, 2, 3)), Request((4, 5), 5)]
+    before = TransformerLensEngine(model).generate(requests)
+    devices = [torch.device("cpu")] * 3
+    place_on_devices(model, devices)
+    assert model.cfg.n_devices == 3
+    after = TransformerLensEngine(model).generate(requests)
+    assert [g.tokens for g in after] == [g.tokens for g in before]
+    with pytest.raises(ValueError, match="n_devices=2 needs 2 CUDA devices"):
+        from reach_lens.models import load_model
+
+        load_model("/nonexistent", n_devices=2, device="cpu")

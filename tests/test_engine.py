@@ -300,6 +300,9 @@ def test_an_engine_without_a_capability_refuses_requests_that_need_it():
         def encode(self, text):
             return [1]
 
+        def describe(self):
+            return {"model": "fixed", "weights": "0", "device": "cpu", "dtype": "float32"}
+
         def generate(self, requests, hooks=(), batch_size=16):
             self.check(requests, hooks)
             return []

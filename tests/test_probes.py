@@ -165,6 +165,9 @@ class FixedScores(Engine):
     def encode(self, text):
         return self.tokenizer(text)["input_ids"]
 
+    def describe(self):
+        return {"model": "fixed", "weights": "0", "device": "cpu", "dtype": "float32"}
+
     def generate(self, requests, hooks=(), batch_size=16):
         raise AssertionError("not used")
 

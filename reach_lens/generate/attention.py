@@ -29,6 +29,20 @@ from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.utilities import apply_softcap
 
 
+def rows_that_fit(model: HookedTransformer, slots: int, capacity: int, cap: int, share: float = 0.5) -> int:
+    """How many decode rows of ``slots`` KV entries and ``capacity`` columns fit in ``share`` of the free memory of
+    a CUDA model's first device (at most ``cap``, at least 1); ``cap`` on other devices."""
+    device = model.embed.W_E.device
+    if device.type != "cuda":
+        return cap
+    cfg = model.cfg
+    element = torch.finfo(cfg.dtype).bits // 8
+    per_row = 2 * slots * capacity * (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head * element
+    per_row += 4 * (cfg.d_vocab + 4 * cfg.d_model)  # float32 logits and activations of one position
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(cap, int(share * free / per_row)))
+
+
 def block_device(model: HookedTransformer, layer: int) -> torch.device:
     """Where block ``layer``'s parameters live (models split over devices run each block where it is)."""
     return next(model.blocks[layer].parameters()).device
@@ -37,11 +51,11 @@ def block_device(model: HookedTransformer, layer: int) -> torch.device:
 class Entry(TransformerLensKeyValueCacheEntry):
     """One block's keys and values in preallocated buffers (see the module docstring)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, length: int):  # noqa: D107 (TransformerLens's is a dataclass)
+    def __init__(self, keys: Tensor, values: Tensor, length: int):
         self.keys, self.values, self.length, self.frozen = keys, values, length, False
 
     @classmethod
-    def empty(cls, model: HookedTransformer, batch: int, capacity: int, device: torch.device | str) -> "Entry":
+    def empty(cls, model: HookedTransformer, batch: int, capacity: int, device: torch.device | str) -> Entry:
         cfg = model.cfg
         shape = (batch, cfg.n_key_value_heads or cfg.n_heads, capacity, cfg.d_head)
         return cls(torch.zeros(shape, dtype=cfg.dtype, device=device), torch.zeros(shape, dtype=cfg.dtype, device=device), 0)
@@ -74,7 +88,7 @@ class DecodeCache(TransformerLensKeyValueCache):
 
     @classmethod
     def allocate(cls, model: HookedTransformer, devices: Sequence[torch.device | str], batch: int,
-                 capacity: int) -> "DecodeCache":
+                 capacity: int) -> DecodeCache:
         """Empty buffers, one entry per slot, slot ``j`` on ``devices[j]``."""
         entries = [Entry.empty(model, batch, capacity, d) for d in devices]
         mask = torch.zeros((batch, 0), dtype=torch.long, device=model.embed.W_E.device)
@@ -109,7 +123,7 @@ class DecodeCache(TransformerLensKeyValueCache):
         device = self.previous_attention_mask.device
         self.previous_attention_mask[slot] = (torch.arange(w, device=device) >= w - n).long()
 
-    def gather(self, rows: list[int], lengths: Int[Tensor, " batch"], width: int, capacity: int) -> "DecodeCache":
+    def gather(self, rows: list[int], lengths: Int[Tensor, " batch"], width: int, capacity: int) -> DecodeCache:
         """A new cache of batch rows ``rows``, right-aligned to ``width`` columns (each row's ``lengths`` tokens
         must fit), with room for ``capacity`` columns."""
         out = DecodeCache(entries=[], previous_attention_mask=self.previous_attention_mask[:0])

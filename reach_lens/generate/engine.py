@@ -22,13 +22,13 @@ import torch
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
-from reach_lens.generate.attention import fast_attention, fast_attention_supported
+from reach_lens.generate.attention import block_device, fast_attention, fast_attention_supported
 from reach_lens.generate.choice import NonFiniteLogits
 from reach_lens.generate.loop import DecodeLoop
-from reach_lens.generate.prefill import PrefixCache, Prefiller
+from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
 from reach_lens.hooks import Hooks, validate_route
-from reach_lens.models import encode
+from reach_lens.models import encode, model_fingerprint
 
 CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")
 CPU = torch.device("cpu")
@@ -47,12 +47,18 @@ class Engine(ABC):
         """The Hugging Face tokenizer of the model (prompts and completions are text)."""
 
     @abstractmethod
+    def describe(self) -> dict:
+        """What a run's protocol records of the model: ``model`` (name), ``weights`` (fingerprint), ``device``,
+        ``dtype``."""
+
+    @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the model reads a prompt (BOS only where the model's tokenizer adds one)."""
 
     @abstractmethod
     def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
-        """One ``Generation`` per request, in order; ``hooks`` are active for the whole call."""
+        """One ``Generation`` per request, in order; ``hooks`` are active for the whole call; ``batch_size`` caps
+        the rows decoded together (on a GPU fewer when free memory is short)."""
 
     @abstractmethod
     def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
@@ -95,6 +101,11 @@ class TransformerLensEngine(Engine):
     def encode(self, text: str) -> list[int]:
         return encode(self.model, text)
 
+    def describe(self) -> dict:
+        cfg = self.model.cfg
+        return {"model": cfg.model_name, "weights": model_fingerprint(self.model), "device": str(cfg.device),
+                "dtype": str(cfg.dtype).removeprefix("torch.")}
+
     def clear_prefix_cache(self) -> None:
         """Forget the clean prompt prefixes (they are also dropped whenever the model's weights or modules change)."""
         self.prefix_cache.clear()
@@ -135,12 +146,49 @@ class TransformerLensEngine(Engine):
 
     def _stamp(self, fast: bool) -> Hashable:
         """What the clean prefixes depend on besides the prompt: parameters (storage and in-place versions),
-        modules, and the attention implementation (rotated keys or not)."""
-        params = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
-        modules = tuple(id(m) for m in self.model.modules())
-        return hash((params, modules, fast, str(self.model.cfg.dtype)))
+        modules (weak references: equal only to the same live module, so a module made at a freed one's address
+        does not pass for it), the attention implementation (rotated keys or not), and every SAE that SAELens's
+        ``HookedSAETransformer`` splices in at a hook point. Its wrapper module holds the SAE outside the module
+        tree (the SAE's parameters are not the model's) and ``use_error_term`` as a plain attribute that changes
+        the computation without changing a parameter or a module, so both are read here.
+
+        Refuses SAE settings that the engine's block-by-block, cached forward would not reproduce: a mask of
+        special tokens (``exclude_special_tokens``, set by ``HookedSAETransformer.forward``, which the engine
+        does not call) and an SAE that attends over earlier positions (SAELens's temporal SAE)."""
+        model = self.model
+        params = tuple((p.data_ptr(), p._version) for p in model.parameters())
+        modules = tuple(weakref.ref(m) for m in model.modules())
+        saes = []
+        for name, module in model.named_modules():
+            sae = getattr(module, "sae", None)  # sae_lens's _SAEWrapper (duck-typed: sae_lens is optional)
+            if not (isinstance(sae, torch.nn.Module) and hasattr(module, "use_error_term")):
+                continue
+            if getattr(module, "exclude_special_tokens", False) is not False:
+                raise EngineCapabilityError(
+                    f"the SAE at {name!r} was attached with exclude_special_tokens: HookedSAETransformer.forward "
+                    "builds that mask and the engine runs the blocks itself; attach it with "
+                    "exclude_special_tokens=False")
+            architecture = getattr(sae.cfg, "architecture", lambda: None)()
+            if architecture == "temporal":
+                raise EngineCapabilityError(
+                    f"the SAE at {name!r} ({type(sae).__name__}) attends over earlier positions: cached decoding "
+                    "shows it one position per step, so the engine cannot run it")
+            tensors = tuple((t.data_ptr(), t._version) for t in [*sae.parameters(), *sae.buffers()])
+            saes.append((name, weakref.ref(sae), bool(module.use_error_term), repr(sae.cfg), tensors))
+        return hash((params, fast, str(model.cfg.dtype))), modules, tuple(saes)
 
     # ---- loglik ---------------------------------------------------------------------------------
+
+    def _forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Residuals entering ``ln_final`` of right-padded sequences ``[batch, pos]``, each block run where its
+        parameters live (so models split over devices work)."""
+        model = self.model
+        resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=mask)
+        for layer, block in enumerate(model.blocks):
+            device = block_device(model, layer)
+            resid = block(resid.to(device), attention_mask=mask.to(device),
+                          shortformer_pos_embed=None if shortformer is None else shortformer.to(device))
+        return resid
 
     def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
         """Summed log-probabilities, in right-padded forwards of ``batch_size`` sequences, longest first; only
@@ -170,10 +218,11 @@ class TransformerLensEngine(Engine):
                     rows += [r] * n
                     positions += range(len(ids) - n - 1, len(ids) - 1)
                     targets += ids[len(ids) - n:]
-                resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layers)
-                if model.cfg.normalization_type is not None:
-                    resid = model.ln_final(resid)
+                resid = self._forward(tokens, mask)
                 picked = resid[torch.tensor(rows, device=resid.device), torch.tensor(positions, device=resid.device)]
+                picked = picked.to(model.unembed.W_U.device)
+                if model.cfg.normalization_type is not None:
+                    picked = model.ln_final(picked[None])[0]
                 logits = apply_softcap(model.unembed(picked[None])[0], model.cfg.output_logits_soft_cap).float()
                 finite = torch.isfinite(logits).all(-1)
                 if not bool(finite.all()):
@@ -206,7 +255,7 @@ def first_hooked_layer(model: HookedTransformer) -> int:
     return first
 
 
-_ENGINES: "weakref.WeakKeyDictionary[HookedTransformer, TransformerLensEngine]" = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakKeyDictionary[HookedTransformer, TransformerLensEngine] = weakref.WeakKeyDictionary()
 
 
 def engine_for(model: HookedTransformer | Engine) -> Engine:

@@ -14,13 +14,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
-from reach_lens.generate.attention import DecodeCache, block_device
+
+from reach_lens.generate.attention import DecodeCache, block_device, rows_that_fit
 from reach_lens.generate.choice import StopCheck, check_finite, choose
 from reach_lens.generate.prefill import Path, Prefilled, Prefiller
 from reach_lens.generate.types import Generation, Request
@@ -33,7 +35,7 @@ CPU = torch.device("cpu")  # bookkeeping (lengths, slots, keep masks, next token
 def schedule(routes: Sequence[Path]) -> list[int]:
     """A common supersequence of ``routes``: for non-decreasing routes each layer as often as the route that runs
     it most, in layer order; otherwise a shortest common supersequence built pairwise."""
-    if all(all(a <= b for a, b in zip(r, r[1:])) for r in routes):
+    if all(all(a <= b for a, b in itertools.pairwise(r)) for r in routes):
         most: dict[int, int] = {}
         for r in routes:
             for layer in set(r):
@@ -173,7 +175,10 @@ class DecodeLoop:
     def _new_batch(self) -> bool:
         """Start up to ``batch_size`` rows in a new batch; False when nothing is left to run."""
         started: list[tuple[int, Prefilled]] = []
-        while self.waiting and len(started) < self.batch_size:
+        first = self.rows[self.waiting[0]] if self.waiting else None
+        limit = self.batch_size if first is None else rows_that_fit(
+            self.model, 2 * len(first.route), len(first.request.prompt) + self.capacity_extra, self.batch_size)
+        while self.waiting and len(started) < limit:
             row_id = self.waiting.pop(0)
             pre = self._start(row_id)
             if self.rows[row_id].finish_reason is None:

@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
+
 from reach_lens.generate.attention import Entry, block_device
 from reach_lens.positions import row_positions
 

@@ -1,0 +1,134 @@
+"""A vLLM engine behind the ``Engine`` interface, for hook-free probes (deploy, sample, recognize) at scale.
+
+    engine = VLLMEngine("/path/to/hf-checkpoint", dtype="bfloat16", tensor_parallel_size=2)
+    cands = probes.sample(engine, task, questions, "native", K=200, temperature=0.8, seed=0)
+
+Install with ``pip install "reach_lens[vllm]"`` on a GPU machine (vLLM brings its own CUDA build of torch).
+It refuses hooks, routes and hidden states (``EngineCapabilityError``): interventions need the TransformerLens
+engine. What differs from the TransformerLens engine, and why records of two engines are never mixed
+(``Protocol.engine``):
+
+- sampling: vLLM draws with its own per-request generator (``SamplingParams.seed``), so the same seed gives
+  other samples than the TransformerLens engine (same distribution);
+- token log-probabilities are vLLM's raw (untempered) log-probs of the chosen tokens (its default
+  ``logprobs_mode``); entropies are not available and are NaN (selectors that need them refuse);
+- text is vLLM's detokenization with special tokens skipped, cut before the first stop string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reach_lens.generate.engine import Engine
+from reach_lens.generate.types import Generation, LoglikRequest, Request
+from reach_lens.hooks import Hooks
+
+
+def _logprob(entry: Any) -> float:
+    """A vLLM ``Logprob`` (or a bare float) as a float."""
+    return float(getattr(entry, "logprob", entry))
+
+
+def generation_from_vllm(completion: Any, request: Request) -> Generation:
+    """One vLLM ``CompletionOutput`` (token_ids, text, logprobs with the chosen token in every step's dict,
+    finish_reason "stop"/"length", stop_reason = the stop string, a stop token id, or None for EOS) as a
+    ``Generation``."""
+    tokens = [int(t) for t in completion.token_ids]
+    if not tokens:
+        raise ValueError("vLLM returned a completion without tokens")
+    if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+        raise ValueError(f"vLLM returned {0 if completion.logprobs is None else len(completion.logprobs)} log-prob "
+                         f"steps for {len(tokens)} tokens: request logprobs=0 in SamplingParams")
+    logprobs = [_logprob(step[t]) for step, t in zip(completion.logprobs, tokens)]
+    if completion.finish_reason == "length":
+        reason = "length"
+    elif isinstance(completion.stop_reason, str):
+        reason = "stop"
+    elif completion.finish_reason == "stop":
+        reason = "eos"  # the tokenizer's EOS (stop_reason None) or one of the request's stop token ids
+    else:
+        raise ValueError(f"vLLM finish_reason {completion.finish_reason!r}: expected 'stop' or 'length'")
+    return Generation(tokens, logprobs, [math.nan] * len(tokens), reason, completion.text, None, None)
+
+
+def loglik_from_vllm(prompt_logprobs: Sequence[Any], request: LoglikRequest) -> float:
+    """The summed log-probability of the request's continuation from vLLM's ``prompt_logprobs`` of context +
+    continuation (one dict per position, None for the first)."""
+    ids = request.context + request.continuation
+    if len(prompt_logprobs) != len(ids):
+        raise ValueError(f"vLLM returned {len(prompt_logprobs)} prompt log-prob positions for {len(ids)} tokens")
+    start = len(request.context)
+    return sum(_logprob(prompt_logprobs[i][ids[i]]) for i in range(start, len(ids)))
+
+
+class VLLMEngine(Engine):
+    """Deploy, sample and recognize with vLLM (see the module docstring). ``model`` is a local Hugging Face
+    checkpoint directory or a hub name; ``tensor_parallel_size`` splits it over a node's GPUs."""
+
+    name = "vllm"
+    capabilities = frozenset({"loglik"})
+
+    def __init__(self, model: str | Path, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0):
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError("the vLLM engine needs vLLM: pip install 'reach_lens[vllm]' (GPU machines only)") from error
+        self.model_name = str(model)
+        self.dtype = dtype
+        self.llm = LLM(model=str(model), dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
+                       enable_prefix_caching=True)
+        self._tokenizer = self.llm.get_tokenizer()
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = self._tokenizer.bos_token_id
+        with_special = self._tokenizer("a", add_special_tokens=True)["input_ids"]
+        adds_bos = bos is not None and bool(with_special) and with_special[0] == bos
+        return [bos] + ids if adds_bos and (not ids or ids[0] != bos) else ids
+
+    def describe(self) -> dict:
+        """Model name, a fingerprint of the checkpoint's weight files (sha256 of names and sizes), device, dtype."""
+        path = Path(self.model_name)
+        files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")) if path.is_dir() else []
+        digest = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size};" for f in files).encode() or
+                                self.model_name.encode()).hexdigest()[:16]
+        return {"model": path.name if path.is_dir() else self.model_name, "weights": digest, "device": "cuda",
+                "dtype": self.dtype}
+
+    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
+        """``batch_size`` is ignored: vLLM schedules its own batches."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        requests = list(requests)
+        self.check(requests, hooks)
+        eos = self._tokenizer.eos_token_id
+        params = [SamplingParams(temperature=r.temperature, seed=r.seed if r.temperature > 0 else None,
+                                 max_tokens=r.max_new_tokens, stop=list(r.stop_strings) or None,
+                                 stop_token_ids=[t for t in (r.stop_token_ids or ()) if t != eos] or None,
+                                 ignore_eos=r.stop_token_ids is not None and eos not in r.stop_token_ids,
+                                 logprobs=0, skip_special_tokens=True, include_stop_str_in_output=False)
+                  for r in requests]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests], params)
+        return [generation_from_vllm(out.outputs[0], r) for out, r in zip(outputs, requests)]
+
+    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if hooks:
+            self.check([], hooks)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.context + r.continuation)) for r in requests],
+                                    params)
+        return [loglik_from_vllm(out.prompt_logprobs, r) for out, r in zip(outputs, requests)]
