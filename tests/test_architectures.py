@@ -265,3 +265,37 @@ def test_variant_that_transformer_lens_cannot_express_is_refused(tmp_path, model
     AutoConfig.for_model(model_type, **config).save_pretrained(tmp_path)  # no weights: refused before reading any
     with pytest.raises(ValueError, match=f"unsupported variant of {message}"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_engine_greedy_equals_uncached_argmax(tmp_path, case):
+    """The generation engine (its own cached attention where it supports the model, TransformerLens's attention
+    on the same right-aligned cache otherwise) continues prompts of different lengths, batched together, exactly
+    as a step-by-step argmax over uncached forwards does; under a route with a repeated layer too."""
+    from reach_lens.generate import Request, TransformerLensEngine
+
+    build_checkpoint(tmp_path, case)
+    model = load_model(tmp_path)
+    tokens = random_tokens(seed=2)
+    prompts = [tuple(tokens[0, :5].tolist()), tuple(tokens[1, :11].tolist()), tuple(tokens[2, :3].tolist())]
+    L = model.cfg.n_layers
+    routes = [None, (0, *range(L))]  # the full path, and one that runs layer 0 twice
+    requests = [Request(p, 6, route=r, stop_token_ids=()) for p in prompts for r in routes]
+    engine = TransformerLensEngine(model)
+    gens = engine.generate(requests, batch_size=4)
+    for request, gen in zip(requests, gens):
+        sequence = list(request.prompt)
+        with torch.no_grad():
+            for _ in range(6):
+                x = torch.tensor([sequence])
+                if request.route is None:
+                    logits = model(x)[0, -1]
+                else:
+                    resid = model.input_to_embed(x)[0]
+                    for layer in request.route:
+                        resid = model.blocks[layer](resid)
+                    logits = model.unembed(model.ln_final(resid))[0, -1]
+                    if model.cfg.output_logits_soft_cap > 0:
+                        logits = model.cfg.output_logits_soft_cap * torch.tanh(logits / model.cfg.output_logits_soft_cap)
+                sequence.append(int(logits.argmax()))
+        assert gen.tokens == sequence[len(request.prompt):], (case, request.route, engine.attention)

@@ -354,3 +354,30 @@ def test_positioned_hooks_ignore_idle_slots(model):
     for r, gen in zip(requests, together):
         assert gen.tokens == engine_for(model).generate([r], hooks=hooks_for([Steer(2, v, 10.0, positions=(-1, -3))],
                                                                               model))[0].tokens
+
+
+@pytest.mark.parametrize("variant", [dict(use_qk_norm=True), dict(rotary_dim=4), dict(attn_scores_soft_cap=5.0)])
+def test_fast_attention_honours_qk_norm_partial_rotary_and_soft_caps(variant):
+    """Details the engine's own attention must reproduce (Qwen3's per-head QK norm, partial rotary, Gemma-2-style
+    score soft-capping) on tiny models that take the fast path."""
+    from conftest import tiny_config
+    from reach_lens.generate.attention import fast_attention_supported
+
+    cfg = tiny_config()
+    for key, value in variant.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(0)
+    m = HookedTransformer(cfg)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(("W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate")):
+                p.mul_(4.0)
+            elif name.endswith(".w"):
+                p.add_(0.3 * torch.randn_like(p))
+    m.eval()
+    assert fast_attention_supported(m)
+    prompts = random_prompts([4, 13, 7])
+    gens = TransformerLensEngine(m).generate([greedy(p, 6, r) for p in prompts for r in (None, (0, 1, 1, 3))],
+                                             batch_size=3)
+    for gen, (p, r) in zip(gens, [(p, r) for p in prompts for r in (None, (0, 1, 1, 3))]):
+        assert gen.tokens == reference(m, p, 6, r)[0], (variant, r)

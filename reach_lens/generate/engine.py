@@ -106,6 +106,13 @@ class TransformerLensEngine(Engine):
         return {"model": cfg.model_name, "weights": model_fingerprint(self.model), "device": str(cfg.device),
                 "dtype": str(cfg.dtype).removeprefix("torch.")}
 
+    @property
+    def attention(self) -> str:
+        """Which attention runs on the KV cache: ``"fast"`` (the engine's own, for the configurations it supports)
+        or ``"transformer_lens"`` (TransformerLens's, on the same cache: sliding windows, alibi, learned positions,
+        QK-norm over all heads, attention sinks, per-head results, ...)."""
+        return "fast" if fast_attention_supported(self.model) else "transformer_lens"
+
     def clear_prefix_cache(self) -> None:
         """Forget the clean prompt prefixes (they are also dropped whenever the model's weights or modules change)."""
         self.prefix_cache.clear()
