@@ -422,6 +422,71 @@ class Units(_Intervention):
 
 
 @dataclass(frozen=True)
+class Latents(_Intervention):
+    """Silence SAE latents, or scale them by `alpha` (mode "steer"), at the latent activations
+    (`hook_sae_acts_post`) of the SAE that a SAELens `HookedSAETransformer` has attached at `layer_hook`
+    (the SAE's `cfg.metadata.hook_name`, e.g. "blocks.3.hook_mlp_out"; for a transcoder, its input hook).
+
+    The hook acts between the SAE's encoder and decoder: latent i then writes `alpha * a_i * W_dec[i]` (nothing
+    when silenced) instead of `a_i * W_dec[i]`, and no other latent changes (a TopK SAE has chosen its latents
+    before the hook). With the SAE attached with `use_error_term=True`, SAELens adds the error of the unhooked
+    reconstruction, so what flows on changes by exactly those latents' change. Latent ids are checked against
+    the SAE's `d_sae` when the hooks are built (`reach_lens.sae` loads and attaches SAEs).
+    """
+
+    layer_hook: str
+    latent_ids: tuple[int, ...]
+    mode: str = "silence"
+    alpha: Optional[float] = None
+    kind: ClassVar[str] = "latents"
+    modes: ClassVar[tuple[str, ...]] = ("silence", "steer")
+
+    def __post_init__(self):
+        if not isinstance(self.layer_hook, str) or not self.layer_hook:
+            raise ValueError(f"layer_hook {self.layer_hook!r}: expected the hook an SAE is attached at, "
+                             "e.g. 'blocks.3.hook_mlp_out'")
+        if ".hook_sae_" in self.layer_hook:
+            raise ValueError(f"layer_hook {self.layer_hook!r} names one of the SAE's own hook points; pass the hook "
+                             f"the SAE is attached at: {self.layer_hook.split('.hook_sae_')[0]!r}")
+        if isinstance(self.latent_ids, (str, bytes)) or not isinstance(self.latent_ids, Iterable):
+            raise ValueError(f"latent_ids must be a sequence of integers, got {self.latent_ids!r}")
+        ids = _integers("latent_ids", self.latent_ids)
+        if not ids:
+            raise ValueError("latent_ids is empty: name at least one latent")
+        negative = [i for i in ids if i < 0]
+        if negative:
+            raise ValueError(f"latent id {negative[0]} out of range: latent ids are >= 0")
+        object.__setattr__(self, "latent_ids", ids)
+        _choice("mode", self.mode, self.modes)
+        if self.mode == "silence" and self.alpha is not None:
+            raise ValueError(f"alpha={self.alpha!r} is only used with mode 'steer' (mode 'silence' zeroes the latents)")
+        if self.mode == "steer":
+            if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float, np.number)):
+                raise ValueError(f"mode 'steer' needs a number alpha (the factor on the latents' activations), "
+                                 f"got {self.alpha!r}")
+            object.__setattr__(self, "alpha", _floats([self.alpha])[0])
+
+    def hooks(self, model: HookedTransformer) -> Hooks:
+        saes = getattr(model, "acts_to_saes", None)  # sae_lens.HookedSAETransformer: {hook name: SAE}
+        if saes is None:
+            raise ValueError(f"Latents needs a sae_lens HookedSAETransformer with an SAE attached at "
+                             f"{self.layer_hook!r}, got a {type(model).__name__} (reach_lens.sae.attach makes one)")
+        sae = saes.get(self.layer_hook)
+        if sae is None:
+            raise ValueError(f"no SAE attached at {self.layer_hook!r}; attached: "
+                             f"{', '.join(map(repr, saes)) or 'none'}")
+        d_sae = sae.cfg.d_sae
+        bad = [i for i in self.latent_ids if i >= d_sae]
+        if bad:
+            raise ValueError(f"latent id {bad[0]} out of range for the SAE at {self.layer_hook!r} with "
+                             f"d_sae={d_sae} (0..{d_sae - 1})")
+        factor = torch.ones(d_sae)
+        factor[list(self.latent_ids)] = 0.0 if self.mode == "silence" else self.alpha
+        name = f"{sae.cfg.metadata.hook_name_out or self.layer_hook}.hook_sae_acts_post"
+        return [(name, lambda act, hook: act * factor.to(act))]
+
+
+@dataclass(frozen=True)
 class Route(_Intervention):
     """Run only the layers of `path`. As hooks only skip-only routes work; the generation engine runs any
     route (`Request(route=path)`, `probes.route`)."""
@@ -441,8 +506,8 @@ class Route(_Intervention):
         return [h for layer in range(n_layers) if layer not in path for h in silence_hooks(model, layer, "layer")]
 
 
-Intervention = Union[Silence, Steer, Units, Route]
-KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Route)}
+Intervention = Union[Silence, Steer, Units, Latents, Route]
+KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Latents, Route)}
 
 
 def intervention_from_dict(d: dict) -> Intervention:

@@ -12,6 +12,7 @@ deploy and sample probes behind the same interface.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import weakref
 from abc import ABC, abstractmethod
@@ -102,8 +103,18 @@ class TransformerLensEngine(Engine):
         return encode(self.model, text)
 
     def describe(self) -> dict:
+        """The weights fingerprint covers attached SAEs too (their tensors, error-term setting and hook points)."""
         cfg = self.model.cfg
-        return {"model": cfg.model_name, "weights": model_fingerprint(self.model), "device": str(cfg.device),
+        weights = model_fingerprint(self.model)
+        saes = attached_saes(self.model)
+        if saes:
+            digest = hashlib.sha256()
+            for name, wrapper, sae in saes:
+                digest.update(f"{name}|{bool(wrapper.use_error_term)}|{sae.cfg!r}".encode())
+                for t in [*sae.parameters(), *sae.buffers()]:
+                    digest.update(t.detach().float().cpu().numpy().tobytes())
+            weights = f"{weights}+sae{digest.hexdigest()[:12]}"
+        return {"model": cfg.model_name, "weights": weights, "device": str(cfg.device),
                 "dtype": str(cfg.dtype).removeprefix("torch.")}
 
     @property
@@ -154,34 +165,16 @@ class TransformerLensEngine(Engine):
     def _stamp(self, fast: bool) -> Hashable:
         """What the clean prefixes depend on besides the prompt: parameters (storage and in-place versions),
         modules (weak references: equal only to the same live module, so a module made at a freed one's address
-        does not pass for it), the attention implementation (rotated keys or not), and every SAE that SAELens's
-        ``HookedSAETransformer`` splices in at a hook point. Its wrapper module holds the SAE outside the module
-        tree (the SAE's parameters are not the model's) and ``use_error_term`` as a plain attribute that changes
-        the computation without changing a parameter or a module, so both are read here.
-
-        Refuses SAE settings that the engine's block-by-block, cached forward would not reproduce: a mask of
-        special tokens (``exclude_special_tokens``, set by ``HookedSAETransformer.forward``, which the engine
-        does not call) and an SAE that attends over earlier positions (SAELens's temporal SAE)."""
+        does not pass for it), the attention implementation (rotated keys or not), and every SAE spliced in at a
+        hook point (``attached_saes``: its tensors, ``use_error_term`` and config, which live outside the
+        model's parameters)."""
         model = self.model
         params = tuple((p.data_ptr(), p._version) for p in model.parameters())
         modules = tuple(weakref.ref(m) for m in model.modules())
         saes = []
-        for name, module in model.named_modules():
-            sae = getattr(module, "sae", None)  # sae_lens's _SAEWrapper (duck-typed: sae_lens is optional)
-            if not (isinstance(sae, torch.nn.Module) and hasattr(module, "use_error_term")):
-                continue
-            if getattr(module, "exclude_special_tokens", False) is not False:
-                raise EngineCapabilityError(
-                    f"the SAE at {name!r} was attached with exclude_special_tokens: HookedSAETransformer.forward "
-                    "builds that mask and the engine runs the blocks itself; attach it with "
-                    "exclude_special_tokens=False")
-            architecture = getattr(sae.cfg, "architecture", lambda: None)()
-            if architecture == "temporal":
-                raise EngineCapabilityError(
-                    f"the SAE at {name!r} ({type(sae).__name__}) attends over earlier positions: cached decoding "
-                    "shows it one position per step, so the engine cannot run it")
+        for name, wrapper, sae in attached_saes(model):
             tensors = tuple((t.data_ptr(), t._version) for t in [*sae.parameters(), *sae.buffers()])
-            saes.append((name, weakref.ref(sae), bool(module.use_error_term), repr(sae.cfg), tensors))
+            saes.append((name, weakref.ref(sae), bool(wrapper.use_error_term), repr(sae.cfg), tensors))
         return hash((params, fast, str(model.cfg.dtype))), modules, tuple(saes)
 
     # ---- loglik ---------------------------------------------------------------------------------
@@ -203,6 +196,7 @@ class TransformerLensEngine(Engine):
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
         model, device = self.model, self.model.embed.W_E.device
+        attached_saes(model)  # refuses SAE settings a block-by-block forward would not reproduce
         sequences = [(r.context + r.continuation, len(r.continuation)) for r in requests]
         for i, (ids, _) in enumerate(sequences):
             bad = [t for t in ids if not 0 <= t < model.cfg.d_vocab]
@@ -244,6 +238,29 @@ class TransformerLensEngine(Engine):
                 for r, s in enumerate(chunk):
                     out[s] = float(sums[r])
         return out
+
+
+def attached_saes(model: HookedTransformer) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:
+    """(hook point name, wrapper module, SAE) of every SAE SAELens's ``HookedSAETransformer`` spliced in at a hook
+    point (duck-typed: sae_lens is optional). Refuses, with ``EngineCapabilityError``, SAE settings that the engine's
+    block-by-block, cached forward would not reproduce: a mask of special tokens (``exclude_special_tokens``, set
+    by ``HookedSAETransformer.forward``, which the engine does not call) and an SAE that attends over earlier
+    positions (SAELens's temporal SAE)."""
+    found = []
+    for name, module in model.named_modules():
+        sae = getattr(module, "sae", None)
+        if not (isinstance(sae, torch.nn.Module) and hasattr(module, "use_error_term")):
+            continue
+        if getattr(module, "exclude_special_tokens", False) is not False:
+            raise EngineCapabilityError(
+                f"the SAE at {name!r} was attached with exclude_special_tokens: HookedSAETransformer.forward builds "
+                "that mask and the engine runs the blocks itself; attach it with exclude_special_tokens=False")
+        if getattr(sae.cfg, "architecture", lambda: None)() == "temporal":
+            raise EngineCapabilityError(
+                f"the SAE at {name!r} ({type(sae).__name__}) attends over earlier positions: cached decoding shows it "
+                "one position per step, so the engine cannot run it")
+        found.append((name, module, sae))
+    return found
 
 
 def first_hooked_layer(model: HookedTransformer) -> int:
