@@ -1,0 +1,106 @@
+"""Chunks on Ray actors equal chunks in this process, and a killed actor loses nothing (tiny random models, a local
+Ray cluster of 2 CPU workers)."""
+import time
+
+import pytest
+import torch
+from conftest import make_tiny_model
+
+from reach_lens import parallel
+from reach_lens.generate import Request, engine_for
+from reach_lens.hooks import Silence
+from reach_lens.protocol import Protocol
+from reach_lens.store import RunStore
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'reach_lens[ray]')")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """One local cluster and one pool of 2 CPU workers for the module (actors start once: ~10 s each)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    workers = parallel.make_pool(workers=2, address="local")
+    yield workers
+    workers.close()
+    ray.shutdown()
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(0, 50, (int(k),), generator=g).tolist()) for k in torch.randint(3, 12, (n,), generator=g)]
+
+
+def test_models_travel_by_key_and_come_back_as_the_same_object():
+    model = make_tiny_model()
+    seen = []
+
+    def register(m):
+        seen.append(m)
+        return "m0"
+
+    fn = parallel.loads(parallel.dumps(lambda part: (model, engine_for(model), part), register), lambda key: model)
+    got_model, got_engine, part = fn(7)
+    assert got_model is model and got_engine is engine_for(model) and part == 7
+    assert all(m is model for m in seen)
+
+
+def test_ray_pool_equals_local_pool(pool):
+    model = make_tiny_model()
+    other = make_tiny_model(seed=5)  # a second model in the same closure travels too
+    hooks_model = Silence("mlp", 1)
+    parts = [prompts(3, seed) for seed in range(5)]
+
+    def rows_of(part):
+        a = engine_for(model).generate([Request(p, 5, temperature=0.8, seed=len(p)) for p in part],
+                                       hooks=hooks_model.hooks(model))
+        b = engine_for(other).generate([Request(p, 3) for p in part])
+        return [{"tokens": x.tokens, "other": y.tokens} for x, y in zip(a, b)]
+
+    local = dict(parallel.LocalPool().map(rows_of, parts))
+    assert dict(pool.map(rows_of, parts)) == local
+
+
+def test_a_killed_actor_loses_nothing_and_duplicates_nothing(pool, tmp_path):
+    model = make_tiny_model()
+    parts = [prompts(2, seed) for seed in range(6)]
+
+    def rows_of(part):
+        time.sleep(0.5)
+        gens = engine_for(model).generate([Request(p, 4) for p in part])
+        return [{"question_id": f"{p}", "tokens": g.tokens} for p, g in zip(part, gens)]
+
+    task = type("T", (), {"name": "toy", "grader": "toy/1", "max_new_tokens": lambda self, f: 4,
+                          "stop_strings": lambda self, f: ()})()
+    questions = [type("Q", (), {"id": f"{p}", "gold": "x"})() for part in parts for p in part]
+    store = RunStore(tmp_path / "run", Protocol.of(study="toy", model=model, task=task, questions=questions,
+                                                   fmt="shared", probe="deploy"))
+    killed = None
+    for _, rows in pool.map(rows_of, parts):
+        store.append("rows", rows)
+        if killed is None:  # kill an actor mid-run (busy with a chunk, or about to get one)
+            killed = pool.actors[0]
+            ray.kill(killed)
+    assert pool.actors[0] is not killed  # its chunk failed and went to a fresh actor
+    stored = store.read("rows", key=None)
+    assert len(stored) == sum(map(len, parts)) == stored.question_id.nunique()
+    expected = dict(parallel.LocalPool().map(rows_of, parts))
+    assert sorted(map(tuple, stored.tokens)) == sorted(tuple(r["tokens"]) for rows in expected.values() for r in rows)
+
+
+def test_cli_resume_on_the_pool_equals_resume_in_process(pool, tmp_path):
+    from reach_lens import cli
+
+    model = make_tiny_model(seed=2)
+    items = [type("Q", (), {"id": f"q{i}", "gold": "x", "prompt": p})() for i, p in enumerate(prompts(7, seed=3))]
+    task = type("T", (), {"name": "toy", "grader": "toy/1", "max_new_tokens": lambda self, f: 4,
+                          "stop_strings": lambda self, f: ()})()
+
+    def rows_of(part):
+        gens = engine_for(model).generate([Request(q.prompt, 4, temperature=1.0, seed=i) for i, q in enumerate(part)])
+        return [{"question_id": q.id, "tokens": g.tokens} for q, g in zip(part, gens)]
+
+    protocol = Protocol.of(study="toy", model=model, task=task, questions=items, fmt="shared", probe="deploy")
+    here = cli.resume(RunStore(tmp_path / "here", protocol), "rows", items, 3, rows_of)
+    there = cli.resume(RunStore(tmp_path / "there", protocol), "rows", items, 3, rows_of, pool=pool)
+    key = lambda df: sorted(zip(df.question_id, map(tuple, df.tokens)))  # noqa: E731
+    assert key(here) == key(there) and len(there) == 7
