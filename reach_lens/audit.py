@@ -6,7 +6,7 @@ vote_answer / vote_correct and the candidates.
 """
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,10 +86,47 @@ def reach_curve(records: pd.DataFrame, ks: Sequence[int] | None = None, n_boot: 
     hits = records["hits"].to_numpy(dtype=np.int64)
     rows = {c: [pass_at_k(K, int(c), k) for k in ks] for c in np.unique(hits)}
     per_q = np.array([rows[c] for c in hits])  # [n, len(ks)]
+    mean, lo, hi = curve_band(per_q, n_boot=n_boot, seed=seed)
+    return pd.DataFrame({"k": ks, "reach": mean, "lo": lo, "hi": hi, "n": n, "K": K})
+
+
+def curve_band(values: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over questions of per-question curves ``values`` [n, k] and its 95% bootstrap band: one resample
+    of questions (multinomial weights) is shared by every k, so the band is that of one curve."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or len(values) == 0:
+        raise ValueError(f"values must be [n questions, k points] with n >= 1, got shape {values.shape}")
+    n = len(values)
     weights = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)  # [n_boot, n]
-    boot = weights @ per_q / n  # [n_boot, len(ks)]
+    boot = weights @ values / n  # [n_boot, k]
     lo, hi = np.quantile(boot, [0.025, 0.975], axis=0)
-    return pd.DataFrame({"k": ks, "reach": per_q.mean(axis=0), "lo": lo, "hi": hi, "n": n, "K": K})
+    return values.mean(axis=0), lo, hi
+
+
+def census_cell(screened: pd.DataFrame, min_failures: int) -> dict:
+    """One census cell from its screen (columns recognized, generated, gen_format_ok; one row per question).
+
+    n; recognition_acc and generation_acc with Wilson 95% bounds (_lo, _hi); format_failure_rate (greedy
+    answers with no extractable answer); n_fail (recognized, not generated) and n_healthy (both); and
+    meets_criterion (`meets_criterion`).
+    """
+    _require(screened, ("recognized", "generated", "gen_format_ok"), "screen")
+    n = len(screened)
+    recognized, generated = screened["recognized"].astype(bool), screened["generated"].astype(bool)
+    rec, gen = _rate(int(recognized.sum()), n), _rate(int(generated.sum()), n)
+    n_fail = int((recognized & ~generated).sum())
+    return {"n": n, "recognition_acc": rec.rate, "recognition_lo": rec.lo, "recognition_hi": rec.hi,
+            "generation_acc": gen.rate, "generation_lo": gen.lo, "generation_hi": gen.hi,
+            "format_failure_rate": 1.0 - float(screened["gen_format_ok"].astype(bool).mean()),
+            "n_fail": n_fail, "n_healthy": int((recognized & generated).sum()),
+            "meets_criterion": meets_criterion(rec, gen, n_fail, min_failures)}
+
+
+def meets_criterion(recognition: "Rate", generation: "Rate", n_fail: int, min_failures: int) -> bool:
+    """The census criterion: recognition accuracy above generation accuracy with disjoint 95% Wilson intervals
+    (recognition's lower bound above generation's upper bound), and at least ``min_failures`` questions
+    recognized but not generated (a failure set large enough for the localization study)."""
+    return bool(recognition.lo > generation.hi and n_fail >= min_failures)
 
 
 def summarize(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
@@ -122,6 +159,22 @@ def summarize(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
     return out
 
 
+def temperature_sweep(records_at: Mapping[float, pd.DataFrame], seed: int = 0) -> pd.DataFrame:
+    """One `summarize` row per temperature (column ``T``), from the record tables of one question set by T."""
+    return pd.DataFrame([{"T": float(T), **summarize(records, seed=seed)} for T, records in sorted(records_at.items())])
+
+
+GAP_COLUMNS = (("deployed", "D"), ("vote", "vote"), ("oracle", "O"), ("gap", "gap"), ("selection_gap", "selection_gap"))
+
+
+def gap_table_row(summary: Mapping) -> dict:
+    """The sampling-gap table's columns (the paper's Table 2) from a `summarize` row: n, K, deployed, vote, oracle,
+    gap (O - D), selection_gap (O - vote), each with _lo and _hi, and format_failure_rate."""
+    return {"n": int(summary["n"]), "K": int(summary["K"]),
+            **{f"{name}{s}": summary[f"{key}{s}"] for name, key in GAP_COLUMNS for s in ("", "_lo", "_hi")},
+            "format_failure_rate": summary["format_failure_rate"]}
+
+
 REALIZATION_FATES = ("newly_realized_from_reachable", "newly_realized_from_unreachable", "lost",
                      "stable_realized", "stable_unrealized")
 REACHABILITY_FATES = ("entered_reachable", "left_reachable", "stable_reachable", "stable_unreachable")
@@ -137,7 +190,7 @@ def fates(base: pd.DataFrame, trained: pd.DataFrame) -> pd.DataFrame:
     reachability: entered_reachable (o 0 -> 1), left_reachable (1 -> 0), stable_reachable, stable_unreachable.
 
     Ids present on one side only are left out, listed in `.attrs["only_base"]` / `.attrs["only_trained"]`,
-    and reported by a warning. Duplicate ids, or a gold answer that differs between the tables, are errors.
+    and reported by a warning. Duplicate ids, a gold answer or a K that differs between the tables, are errors.
     Columns: question_id, gold, {d,o,hits,K}_base, {d,o,hits,K}_trained, realization, reachability.
     """
     for name, t in (("base", base), ("trained", trained)):
@@ -158,6 +211,11 @@ def fates(base: pd.DataFrame, trained: pd.DataFrame) -> pd.DataFrame:
     if differ:
         raise ValueError(f"gold answers differ between base and trained for {differ[:10]}: not the same question set")
     j = j.drop(columns="gold_trained").rename(columns={"gold_base": "gold"})
+    k_differ = j.loc[j["K_base"] != j["K_trained"], "question_id"].tolist()
+    if k_differ:
+        raise ValueError(f"candidate budgets differ between base and trained (K {sorted(set(j['K_base']))} vs "
+                         f"{sorted(set(j['K_trained']))}, e.g. for {k_differ[:5]}): reachability is only comparable "
+                         "at one K")
     db, dt = j["d_base"].astype(bool), j["d_trained"].astype(bool)
     ob, ot = j["o_base"].astype(bool), j["o_trained"].astype(bool)
     j["realization"] = np.select(
@@ -182,28 +240,74 @@ def fate_counts(fates_df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame, bins: Sequence[float]) -> pd.DataFrame:
-    """Share of questions the trained checkpoint realizes, per bin of base hit rate hits/K, with Wilson 95% intervals.
+HIT_RATE_BINS = (0.0, 0.05, 0.15, 0.35, 1.0)  # bins 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%]
 
-    `bins` are increasing edges covering [0, 1]; bins are [lo, hi) except the last, [lo, hi]. To give the
-    base-unreachable questions their own bin, start with a tiny edge: (0, 1e-9, 0.25, 0.5, 0.75, 1).
-    Columns: bin_lo, bin_hi, n, realized, realization, realization_lo, realization_hi, base_realized.
-    """
+
+def hit_rate_bin_labels(bins: Sequence[float] = HIT_RATE_BINS) -> list[str]:
+    """``["0", "(0, 5%]", ...]``: the names of the bins ``realization_by_hit_rate_bin`` uses for ``bins``."""
+    edges = _hit_rate_edges(bins)
+    return ["0"] + [f"({lo:.0%}, {hi:.0%}]" for lo, hi in zip(edges, edges[1:])]
+
+
+def _hit_rate_edges(bins: Sequence[float]) -> list[float]:
     edges = [float(e) for e in bins]
-    if len(edges) < 2 or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] > 0 or edges[-1] < 1:
-        raise ValueError(f"bins {edges} must be >= 2 strictly increasing edges from <= 0 to >= 1")
+    if len(edges) < 2 or any(a >= b for a, b in zip(edges, edges[1:])) or edges[0] != 0 or edges[-1] != 1:
+        raise ValueError(f"bins {edges} must be >= 2 strictly increasing edges from 0 to 1 "
+                         "(bins: exactly 0, then (lo, hi] between consecutive edges)")
+    return edges
+
+
+def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
+                                bins: Sequence[float] = HIT_RATE_BINS) -> pd.DataFrame:
+    """Propensity (the paper's Figure 7): among questions the base does NOT realize, the share the trained
+    checkpoint realizes, by the base hit rate hits/K, with Wilson 95% intervals.
+
+    Bins: exactly 0 (base-unreachable: the reference bin), then (lo, hi] between consecutive ``bins`` edges
+    (default 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%]); every bin but the first holds base-reachable,
+    base-unrealized questions. Questions the base already realizes are in no bin. An empty bin is a row with
+    n = 0 and realization NaN (never dropped). Columns: bin, bin_lo, bin_hi, base_reachable, n, realized,
+    realization, realization_lo, realization_hi.
+    """
+    edges = _hit_rate_edges(bins)
     j = fates(base, trained)
+    j = j[~j["d_base"].astype(bool)]
     rate = j["hits_base"].to_numpy(dtype=np.float64) / j["K_base"].to_numpy(dtype=np.float64)
+    realized = j["d_trained"].astype(bool).to_numpy()
+    masks = [rate == 0] + [(rate > lo) & (rate <= hi) for lo, hi in zip(edges, edges[1:])]
     rows = []
-    for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
-        last = i == len(edges) - 2
-        mask = (rate >= lo) & ((rate <= hi) if last else (rate < hi))
-        n, k = int(mask.sum()), int(j.loc[mask, "d_trained"].astype(bool).sum())
+    for label, lo, hi, mask in zip(hit_rate_bin_labels(edges), [0.0, *edges[:-1]], [0.0, *edges[1:]], masks):
+        n, k = int(mask.sum()), int(realized[mask].sum())
         ci = wilson_interval(k, n)
-        rows.append({"bin_lo": lo, "bin_hi": hi, "n": n, "realized": k, "realization": k / n if n else math.nan,
-                     "realization_lo": ci[0], "realization_hi": ci[1],
-                     "base_realized": int(j.loc[mask, "d_base"].astype(bool).sum())})
+        rows.append({"bin": label, "bin_lo": lo, "bin_hi": hi, "base_reachable": label != "0", "n": n,
+                     "realized": k, "realization": k / n if n else math.nan,
+                     "realization_lo": ci[0], "realization_hi": ci[1]})
     return pd.DataFrame(rows)
+
+
+def paired_change(base: pd.DataFrame, trained: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Base -> trained on the joined questions: D and O_K of each (Wilson 95%), their changes with paired
+    bootstrap 95% intervals (questions resampled together on both sides), and the reachable counts.
+
+    Keys: n, K, D_base, D_trained, O_base, O_trained (each with _lo, _hi), D_change, O_change (each with
+    _lo, _hi), n_reachable_base, n_reachable_trained, delta_n_reachable (= trained - base reachable count;
+    its interval is n * O_change's), n_realized_base, n_realized_trained.
+    """
+    j = fates(base, trained)
+    n, K = len(j), int(j["K_base"].iloc[0])
+    out: dict = {"n": n, "K": K}
+    for m in ("d", "o"):
+        for side in ("base", "trained"):
+            x = j[f"{m}_{side}"].astype(bool).to_numpy()
+            lo, hi = wilson_interval(int(x.sum()), n)
+            out[f"{m.upper()}_{side}"], out[f"{m.upper()}_{side}_lo"], out[f"{m.upper()}_{side}_hi"] = x.mean(), lo, hi
+        diff = j[f"{m}_trained"].astype(float).to_numpy() - j[f"{m}_base"].astype(float).to_numpy()
+        lo, hi = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
+        out[f"{m.upper()}_change"], out[f"{m.upper()}_change_lo"], out[f"{m.upper()}_change_hi"] = diff.mean(), lo, hi
+    out["n_reachable_base"], out["n_reachable_trained"] = int(j["o_base"].sum()), int(j["o_trained"].sum())
+    out["delta_n_reachable"] = out["n_reachable_trained"] - out["n_reachable_base"]
+    out["delta_n_reachable_lo"], out["delta_n_reachable_hi"] = n * out["O_change_lo"], n * out["O_change_hi"]
+    out["n_realized_base"], out["n_realized_trained"] = int(j["d_base"].sum()), int(j["d_trained"].sum())
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What every experiment script shares: common arguments checked before anything loads, setup, model
 loading on the chosen device and dtype, and the resumable chunk loop.
 
-    parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap")], ...)
+    parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.data(n=100, chunk=10, task="arc_easy")])
     parser.add_argument("--K", type=cli.positive_int, default=8)
     args = parser.parse_args(argv)
     cli.setup(args)                                  # threads, output locations (before any model loads)
@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from reach_lens.parallel import LocalPool
 from reach_lens.store import RunStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -91,12 +92,39 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
                    help="auto (cuda when a GPU is present, else cpu), cpu, cuda or cuda:N")
     g.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="auto (bfloat16 on a GPU, else float32), float32, bfloat16 or float16")
+    g.add_argument("--n-devices", type=positive_int, default=1,
+                   help="split the model's blocks over this many GPUs (cuda:0..N-1), for models larger than one GPU")
+    g.add_argument("--workers", type=positive_int, default=1,
+                   help="Ray workers, each with its own copy of the model (one GPU each when the cluster has GPUs); "
+                        "questions are sharded across them by chunk")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run chunks on a Ray cluster: its address (ray start --head prints it), or nothing for a "
+                        "local cluster; implied by --workers > 1")
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other jobs)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per decode batch")
     g.add_argument("--out", type=Path, default=Path(out), help=f"run directory root (default {out})")
     g.add_argument("--figures", type=Path, default=Path("figures"), help="where figures are copied (default figures/)")
+    return p
+
+
+def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Question-set arguments (an argparse parent): ``--task`` (default ``task``) or ``--tasks`` (default ``tasks``),
+    ``--source``, ``--split``, ``--n`` (default ``n``), ``--fmt`` and ``--chunk`` (questions per stored chunk)."""
+    from reach_lens.tasks import TASK_NAMES
+
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("questions")
+    if tasks is not None:
+        g.add_argument("--tasks", nargs="+", default=list(tasks), choices=TASK_NAMES)
+    else:
+        g.add_argument("--task", default=task, choices=TASK_NAMES)
+    g.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the embedded data)")
+    g.add_argument("--split", default=None)
+    g.add_argument("--n", type=positive_int, default=n, help=f"questions per task (default {n})")
+    g.add_argument("--fmt", default="native", choices=("native", "shared"), help="prompt format (default native)")
+    g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
     return p
 
 
@@ -141,13 +169,60 @@ def setup(args: argparse.Namespace) -> None:
     args.dtype = str(args.torch_dtype).removeprefix("torch.")
     check_output_dir(args.out, "--out")
     check_output_dir(args.figures, "--figures")
+    global _POOL
+    if args.ray is not None or args.workers > 1:
+        from reach_lens.parallel import make_pool
+
+        _POOL = make_pool(args.workers, args.ray or "local", args.threads)
 
 
 def load(args: argparse.Namespace, name: str | None = None):
     """The model of ``--model`` (or ``name``) on ``args.device`` in ``args.torch_dtype`` (after ``setup``)."""
     from reach_lens.models import load_model
 
-    return load_model(name if name is not None else args.model, device=args.device, dtype=args.torch_dtype)
+    return load_model(name if name is not None else args.model, device=args.device, dtype=args.torch_dtype,
+                      n_devices=args.n_devices)
+
+
+def questions(task, source: str | None, split: str | None, n: int | None, seed: int) -> list:
+    """``n`` questions of ``task`` (``tasks.subsample``) from ``source``/``split``, loaded before any model: an
+    empty question set, or ``n`` beyond what the source holds, ends the run with a message naming the source."""
+    from reach_lens.tasks import subsample
+
+    where = f"{task.name} from {source if source is not None else 'its embedded data'}" + (f" ({split})" if split else "")
+    try:
+        loaded = task.load(source, split)
+    except (OSError, ValueError) as e:  # a missing file, a malformed row (named by file and line), a bad split
+        raise SystemExit(f"cannot load {where}: {e}") from None
+    if not loaded:
+        raise SystemExit(f"no questions: {where} holds 0 questions")
+    if n is not None and n > len(loaded):
+        raise SystemExit(f"--n {n} out of range: {where} holds {len(loaded)} questions (1..{len(loaded)})")
+    return subsample(loaded, n, seed)
+
+
+def summary_dir(root: Path, protocols: Sequence, name: str = "summary") -> Path:
+    """The directory of the derived outputs (tables, figures) computed from the runs of ``protocols``:
+    ``root/<name>-<12 hex>``, the hex a hash of their fingerprints, so outputs of other protocols (another
+    temperature, K, action space, ...) never overwrite these. It holds ``protocols.json`` (the protocols)."""
+    import hashlib
+    import json
+
+    fingerprints = sorted({p.fingerprint() for p in protocols})
+    path = Path(root) / f"{name}-{hashlib.sha256(' '.join(fingerprints).encode()).hexdigest()[:12]}"
+    path.mkdir(parents=True, exist_ok=True)
+    listing = sorted((p.to_dict() for p in protocols), key=lambda d: json.dumps(d, sort_keys=True))
+    (path / "protocols.json").write_text(json.dumps(listing, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def publish(figures: Path, *paths: Path) -> None:
+    """Copy figures (already written in a run's summary directory) into ``--figures`` under the same names."""
+    import shutil
+
+    figures.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        shutil.copyfile(path, figures / Path(path).name)
 
 
 def say(study: str) -> Callable[[str], None]:
@@ -160,20 +235,27 @@ def say(study: str) -> Callable[[str], None]:
 # ---- the resumable loop ------------------------------------------------------------------------------
 
 
+_POOL = LocalPool()  # where resume computes chunks; setup() makes it a Ray pool for --ray / --workers > 1
+
+
 def resume(store: RunStore, table: str, items: Sequence[Any], chunk: int, rows_of: Callable[[list], list[dict]],
-           key: Callable[[Any], str] = lambda q: q.id, column: str = "question_id", desc: str | None = None) -> pd.DataFrame:
+           key: Callable[[Any], str] = lambda q: q.id, column: str = "question_id", desc: str | None = None,
+           pool=None) -> pd.DataFrame:
     """Compute ``rows_of(part)`` for the items not yet in ``store``'s ``table`` (by ``key(item)`` against its
     ``column``), ``chunk`` items at a time, appending each part as it is done; return the whole table.
 
-    A killed run loses at most the chunk in progress; a rerun computes only what is missing.
+    Parts run in ``pool`` (default: this process, or the Ray workers of ``--ray``/``--workers``; see
+    ``reach_lens.parallel``: ``rows_of`` may close over models, not over stores or open files). This process is
+    the one writer: a killed run, or a killed worker, loses at most the chunks in progress; a rerun computes
+    only what is missing.
     """
     if chunk < 1:
         raise ValueError(f"chunk {chunk} out of range: expected >= 1")
     done = store.done(table, key=column)
     todo = [item for item in items if key(item) not in done]
+    parts = [todo[start:start + chunk] for start in range(0, len(todo), chunk)]
     with tqdm(total=len(items), initial=len(items) - len(todo), desc=desc or table, unit="q") as bar:
-        for start in range(0, len(todo), chunk):
-            part = todo[start:start + chunk]
-            store.append(table, rows_of(part))
-            bar.update(len(part))
+        for index, rows in (pool or _POOL).map(rows_of, parts):
+            store.append(table, rows)
+            bar.update(len(parts[index]))
     return store.read(table, key=column)

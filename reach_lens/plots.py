@@ -1,8 +1,9 @@
 """One function per figure kind: each takes a DataFrame and a path, writes a PNG (Agg, 150 dpi), returns the path.
 
 The tables are those audit produces: `audit.reach_curve`, rows of `audit.summarize`, and `audit.Rate.to_dict`
-rows (X, X_lo, X_hi, X_n). Figures are drawn on a bare `Figure` (no pyplot, no global backend change).
+rows (X, X_lo, X_hi, X_n); and for the routing and selection studies those of `reach_lens.routing.analysis`. Figures are drawn on a bare `Figure` (no pyplot, no global backend change).
 """
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -152,22 +153,52 @@ def plot_census(df: pd.DataFrame, path: Path | str, title: str = "Recognition vs
 
 
 def plot_layer_sweep(df: pd.DataFrame, path: Path | str, marked_layer: int | None = None,
-                     title: str = "Silencing sweep") -> Path:
+                     title: str = "Silencing sweep", runner_ups: Sequence[tuple[str, int, str]] = (),
+                     evaluation: pd.DataFrame | None = None) -> Path:
     """Repair (top) and healthy breakage (bottom) by layer, one line per component (mlp, attn, layer), Wilson error bars.
 
     Columns: layer, component, repair, repair_lo, repair_hi, repair_n, breakage, breakage_lo, breakage_hi, breakage_n.
+    ``marked_layer``: a dotted line (the identified MLP). ``runner_ups``: (component, layer, label) rings on those
+    sweep points, numbered R1, R2, ... in the legend. ``evaluation``: rows of the same columns measured on other
+    questions (the evaluation split), drawn as black diamonds with their own error bars.
     """
+    return _save(layer_sweep_figure(df, marked_layer, title, runner_ups, evaluation), path)
+
+
+def layer_sweep_figure(df: pd.DataFrame, marked_layer: int | None = None, title: str = "Silencing sweep",
+                       runner_ups: Sequence[tuple[str, int, str]] = (), evaluation: pd.DataFrame | None = None) -> Figure:
+    """The figure of ``plot_layer_sweep``, unsaved (tests read its artists)."""
     need = ("layer", "component", *(f"{m}{s}" for m in ("repair", "breakage") for s in ("", "_lo", "_hi", "_n")))
     _require(df, need, "layer sweep")
     bad = sorted(set(df["component"]) - set(COMPONENT_COLORS))
     if bad:
         raise ValueError(f"layer sweep: components {bad} not in {list(COMPONENT_COLORS)}")
-    fig = Figure(figsize=(7, 6))
+    fig = Figure(figsize=(8, 6.5))
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
-    for j, (comp, g) in enumerate(df.sort_values("layer").groupby("component", sort=False)):
-        x = g["layer"] + 0.12 * (j - 1)  # dodge, so the error bars of the three components stay apart
+    dodge = {c: 0.12 * (j - 1) for j, c in enumerate(COMPONENT_COLORS)}  # keeps the three components' bars apart
+    for comp, g in df.sort_values("layer").groupby("component", sort=False):
+        x = g["layer"] + dodge[comp]
         _bars(ax1, x, g, "repair", comp, COMPONENT_COLORS[comp])
         _bars(ax2, x, g, "breakage", comp, COMPONENT_COLORS[comp])
+    points = df.set_index(["component", "layer"])
+    for i, (comp, layer, label) in enumerate(runner_ups, start=1):
+        if (comp, layer) not in points.index:
+            continue
+        for ax, name in ((ax1, "repair"), (ax2, "breakage")):
+            ax.plot([layer + dodge[comp]], [points.loc[(comp, layer), name]], "o", ms=13, mfc="none",
+                    mec=COMPONENT_COLORS[comp], mew=1.6, label=f"R{i}: {comp} {layer} ({label})" if ax is ax1 else None)
+        ax1.annotate(f"R{i}", (layer + dodge[comp], points.loc[(comp, layer), "repair"]), textcoords="offset points",
+                     xytext=(6, 7), fontsize=8, color=COMPONENT_COLORS[comp], fontweight="bold")
+    if evaluation is not None and len(evaluation):
+        e = evaluation.assign(x=evaluation["layer"] + 0.35 + evaluation["component"].map(dodge).fillna(0.0))
+        for ax, name in ((ax1, "repair"), (ax2, "breakage")):
+            for j, (comp, g) in enumerate(e.groupby("component", sort=False)):
+                y = g[name].to_numpy(dtype=float)
+                err = np.vstack([y - g[f"{name}_lo"].to_numpy(dtype=float), g[f"{name}_hi"].to_numpy(dtype=float) - y])
+                label = (f"evaluation split, n_fail = {_n(e['repair_n'])}, n_healthy = {_n(e['breakage_n'])} "
+                         "(diamonds, component colour)") if ax is ax1 and j == 0 else None
+                ax.errorbar(g["x"], y, yerr=err, ls="none", marker="D", ms=5, mfc="white",
+                            color=COMPONENT_COLORS.get(comp, "black"), mec="black", capsize=2, lw=0.9, label=label)
     ax1.set_ylabel("repair (failure set)")
     ax2.set_ylabel("breakage (healthy panel)")
     ax2.set_xlabel("layer silenced")
@@ -177,34 +208,57 @@ def plot_layer_sweep(df: pd.DataFrame, path: Path | str, marked_layer: int | Non
         if marked_layer is not None:
             ax.axvline(marked_layer, color="tab:red", lw=1, ls=":")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.legend(fontsize=8)
-    fig.suptitle(f"{title} (n_fail = {_n(df['repair_n'])}, n_healthy = {_n(df['breakage_n'])}; "
-                 f"95% Wilson)", fontsize=10)
-    return _save(fig, path)
+    ax1.legend(fontsize=7, loc="upper left", ncols=2)
+    split = "calibration " if evaluation is not None else ""
+    fig.suptitle(f"{title}\n({split}n_fail = {_n(df['repair_n'])}, n_healthy = {_n(df['breakage_n'])}; "
+                 f"95% Wilson" + ("; dotted: identified MLP" if marked_layer is not None else "") + ")", fontsize=10)
+    return fig
 
 
-def plot_steering(df: pd.DataFrame, path: Path | str, title: str = "Steering along v") -> Path:
+def plot_steering(df: pd.DataFrame, path: Path | str, title: str = "Steering along v",
+                  doses: dict | None = None) -> Path:
     """Rescue (-alpha v on the failure set) and induction (+alpha v on the healthy panel) vs alpha (log2 x), Wilson error bars.
 
-    Columns: alpha, rescue, rescue_lo, rescue_hi, rescue_n, induction, induction_lo, induction_hi, induction_n.
+    Columns: alpha, rescue, rescue_lo, rescue_hi, rescue_n, induction, induction_lo, induction_hi, induction_n;
+    optional ``role``: evaluation rows are drawn with error bars, calibration rows as thin dashed lines.
+    ``doses`` ({"rescue": alpha, "induction": alpha}, chosen on calibration) are starred on the evaluation curves.
     """
+    return _save(steering_figure(df, title, doses), path)
+
+
+def steering_figure(df: pd.DataFrame, title: str = "Steering along v", doses: dict | None = None) -> Figure:
+    """The figure of ``plot_steering``, unsaved (tests read its artists)."""
     need = ("alpha", *(f"{m}{s}" for m in ("rescue", "induction") for s in ("", "_lo", "_hi", "_n")))
     _require(df, need, "steering")
     df = df.sort_values("alpha")
-    fig = Figure(figsize=(6, 4.2))
+    main = df[df["role"] == "evaluation"] if "role" in df else df
+    fig = Figure(figsize=(6.5, 4.5))
     ax = fig.add_subplot()
-    _bars(ax, df["alpha"] * 0.97, df, "rescue", r"rescue: failures fixed by $-\alpha v$", "tab:green")
-    _bars(ax, df["alpha"] * 1.03, df, "induction", r"induction: healthy broken by $+\alpha v$", "tab:red", marker="s")
+    colors = {"rescue": "tab:green", "induction": "tab:red"}
+    split = " (evaluation)" if "role" in df else ""
+    _bars(ax, main["alpha"] * 0.97, main, "rescue", r"rescue: failures fixed by $-\alpha v$" + split, colors["rescue"])
+    _bars(ax, main["alpha"] * 1.03, main, "induction", r"induction: healthy broken by $+\alpha v$" + split,
+          colors["induction"], marker="s")
+    if "role" in df:
+        cal = df[df["role"] == "calibration"]
+        for name in ("rescue", "induction"):
+            ax.plot(cal["alpha"], cal[name], ls="--", lw=1, marker="o", ms=3, mfc="none", color=colors[name],
+                    label=f"{name} (calibration, n = {_n(cal[f'{name}_n'])})")
+    for name, alpha in (doses or {}).items():
+        row = main[main["alpha"] == alpha]
+        if len(row):
+            ax.plot([alpha * (0.97 if name == "rescue" else 1.03)], [row[name].iloc[0]], "*", ms=14, color=colors[name],
+                    mec="black", label=f"{name} dose chosen on calibration: {alpha:g}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(df["alpha"].unique(), [f"{a:g}" for a in df["alpha"].unique()])
     ax.set_xlabel(r"$\alpha$")
     ax.set_ylabel("share of questions")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title}\n(n_fail = {_n(df['rescue_n'])}, n_healthy = {_n(df['induction_n'])}; "
+    ax.legend(fontsize=7)
+    ax.set_title(f"{title}\n(n_fail = {_n(main['rescue_n'])}, n_healthy = {_n(main['induction_n'])}; "
                  f"95% Wilson)", fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
 def plot_units(df: pd.DataFrame, path: Path | str, title: str = "Top units vs random units") -> Path:
@@ -234,4 +288,324 @@ def plot_units(df: pd.DataFrame, path: Path | str, title: str = "Top units vs ra
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     ax.set_title(f"{title}\n({len(cases)} cases; 95% Wilson)", fontsize=10)
+    return _save(fig, path)
+
+
+# ---- routing and selection (tables of `reach_lens.routing.analysis`) ----------------------------------
+
+SERIES_COLORS = {"random": "tab:blue", "mcts": "tab:red", "hill_climb": "tab:green", "genetic": "tab:purple",
+                 "random vote": "tab:orange"}
+
+
+def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Path:
+    """Oracle o(k) per search method and the random-route vote@k vs k (log x), one panel per model x task, in
+    one action space, with bootstrap bands and the deployed D; a format-collapsed cell says so in its title.
+
+    Columns (`analysis.analyse`'s ``oracle_curves``): model, task, space, series, k, value, lo, hi, n, K, D,
+    collapsed, format_failure_rate.
+    """
+    _require(curves, ("model", "task", "space", "series", "k", "value", "lo", "hi", "n", "K", "D", "collapsed",
+                      "format_failure_rate"), "oracle curves")
+    c = curves[curves.space == space]
+    if len(c) == 0:
+        raise ValueError(f"oracle curves: no rows for action space {space!r} (has {sorted(set(curves.space))})")
+    models, tasks = list(dict.fromkeys(c.model)), list(dict.fromkeys(c.task))
+    fig = Figure(figsize=(4.2 * len(tasks), 3.4 * len(models)))
+    axes = np.array(fig.subplots(len(models), len(tasks), squeeze=False))
+    for i, m in enumerate(models):
+        for j, t in enumerate(tasks):
+            ax, cell = axes[i, j], c[(c.model == m) & (c.task == t)]
+            for name, g in cell.groupby("series", sort=False):
+                color = SERIES_COLORS.get(name)
+                ax.plot(g.k, g.value, ls="--" if name == "random vote" else "-", color=color, label=name, lw=1.4,
+                        drawstyle="steps-post")
+                ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
+            ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D")
+            flag = f", format collapse ({cell.format_failure_rate.iloc[0]:.0%})" if cell.collapsed.iloc[0] else ""
+            ax.set_title(f"{m} / {t} (n={cell.n.iloc[0]}){flag}", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            if i == len(models) - 1:
+                ax.set_xlabel("k (distinct routes)")
+            if j == 0:
+                ax.set_ylabel("share of questions with a correct route")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Oracle o(k) over routes, action space '{space}' (n = {_n(c.n)}, K = {_n(c.K)}; greedy; "
+                 "95% bootstrap bands)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path: Path | str) -> Path:
+    """O_random(K) - O_structured(K) in pp, one dot per model x task cell (hollow: format collapse), one panel per
+    action space, one column per structured method, with the clean cells' random better / tie / structured
+    better counts above. Columns: `analysis.analyse`'s ``random_minus_structured`` and ``direction_counts``."""
+    _require(diffs, ("space", "method", "diff", "collapsed", "n", "K"), "random minus structured")
+    _require(counts, ("space", "method", "random_better", "tie", "structured_better"), "direction counts")
+    spaces, methods = list(dict.fromkeys(diffs.space)), list(dict.fromkeys(diffs.method))
+    fig = Figure(figsize=(3.6 * len(spaces), 3.6))
+    axes = fig.subplots(1, len(spaces), squeeze=False, sharey=True)[0]
+    rng = np.random.default_rng(0)
+    for ax, space in zip(axes, spaces):
+        d = diffs[diffs.space == space]
+        for x, method in enumerate(methods):
+            g, color = d[d.method == method], SERIES_COLORS.get(method)
+            for xi, row in zip(x + rng.uniform(-0.15, 0.15, len(g)), g.itertuples()):
+                ax.plot([xi], [100 * row.diff], marker="o", ms=6, color=color, mfc="none" if row.collapsed else color,
+                        ls="none")
+            c = counts[(counts.space == space) & (counts.method == method)].iloc[0]
+            ax.text(x, 1.02, f"{c.random_better} / {c.tie} / {c.structured_better}", ha="center",
+                    transform=ax.get_xaxis_transform(), fontsize=7)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(methods)), methods, fontsize=8)
+        ax.set_title(f"{space}\n", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
+    fig.suptitle(f"Random minus structured search, one dot per model x task cell (n = {_n(diffs.n)} questions per "
+                 f"cell, K = {_n(diffs.K)})\nabove each method: cells where random is better / tie / structured "
+                 "is better (clean cells); hollow = format collapse", fontsize=8, y=1.08)
+    return _save(fig, path)
+
+
+def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Path | str) -> Path:
+    """Answer-blind recovery per selector: one dot per model x task cell and probe (hollow: format collapse, left
+    out of the median), the median over clean cells as a bar. ``probes`` are (probe value, legend label) pairs.
+
+    Columns (`analysis.recovery_rows` rows with model, task, probe): probe, selector, recovery, collapsed, n, K.
+    """
+    _require(rec, ("probe", "selector", "recovery", "collapsed", "n", "K"), "recovery")
+    channels = list(dict.fromkeys(rec.selector))
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+    fig = Figure(figsize=(9, 3.8))
+    ax = fig.add_subplot()
+    for j, (probe, _) in enumerate(probes):
+        color, dx = colors[j % len(colors)], (j - (len(probes) - 1) / 2) * 0.3
+        r = rec[rec.probe == probe]
+        for x, ch in enumerate(channels):
+            g = r[(r.selector == ch) & np.isfinite(r.recovery.astype(float))]
+            hollow = g.collapsed.astype(bool).to_numpy()
+            for mask, face in ((~hollow, color), (hollow, "none")):
+                if mask.any():
+                    ax.plot(np.full(mask.sum(), x + dx), g.recovery.to_numpy(dtype=float)[mask], "o", color=color,
+                            mfc=face, alpha=0.7, ms=5)
+            clean = g.recovery.to_numpy(dtype=float)[~hollow]
+            if len(clean):
+                ax.plot([x + dx - 0.1, x + dx + 0.1], [np.median(clean)] * 2, color=color, lw=2.5)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(1, color="gray", lw=0.8, ls=":")
+    ax.legend(handles=[Line2D([], [], ls="none", marker="o", color=colors[j % len(colors)], label=label)
+                       for j, (_, label) in enumerate(probes)], fontsize=8)
+    ax.set_xticks(range(len(channels)), [textwrap.fill(c.replace("_", " "), 14) for c in channels], fontsize=8)
+    ax.set_ylabel("recovery (selector - greedy) / (oracle - greedy)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"Answer-blind recovery per model x task cell (dots) and median over clean cells (bars); "
+                 f"n = {_n(rec.n)} per cell, K = {_n(rec.K)}\nhollow = format collapse (left out of the median); "
+                 "cells with oracle = greedy have no recovery", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_selection_gap(sweep: pd.DataFrame, path: Path | str) -> Path:
+    """Oracle - majority vote vs temperature, one line with its paired-bootstrap band per model x task cell.
+
+    Columns: model, task, T, n, K, selection_gap, selection_gap_lo, selection_gap_hi (rows of `audit.summarize`).
+    """
+    _require(sweep, ("model", "task", "T", "n", "K", "selection_gap", "selection_gap_lo", "selection_gap_hi"),
+             "selection gap")
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for (model, task), g in sweep.groupby(["model", "task"], sort=False):
+        g = g.sort_values("T")
+        line, = ax.plot(g["T"], g.selection_gap, marker="o", ms=4, label=f"{model} / {task} (n={_n(g.n)})")
+        ax.fill_between(g["T"], g.selection_gap_lo, g.selection_gap_hi, color=line.get_color(), alpha=0.12, lw=0)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel("sampling temperature T")
+    ax.set_ylabel("O_K - majority vote@K (share of questions)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"Selection gap of temperature samples, K = {_n(sweep.K)} (95% paired bootstrap bands)", fontsize=9)
+    return _save(fig, path)
+
+
+# ---- MLP study: units relative to the whole block (the paper's Fig 5c) ----------------------------------
+
+
+def plot_units_vs_block(df: pd.DataFrame, path: Path | str, title: str = "Top units vs random units") -> Path:
+    """Left: repair of the top-k units along v and of random-k sets, relative to the whole block's repair (bars:
+    random sets' SD); right: their share of the block's output mass. Every bar is labelled with its n.
+
+    Rows (``localize.unit_arms``): arm (block | top | random), repair, repair_k, repair_n, repair_vs_block, mass.
+    When the whole block repairs nothing the left panel shows raw repair and says so.
+    """
+    return _save(units_vs_block_figure(df, title), path)
+
+
+def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random units") -> Figure:
+    """The figure of ``plot_units_vs_block``, unsaved (tests read its artists)."""
+    _require(df, ("arm", "repair", "repair_k", "repair_n", "repair_vs_block", "mass"), "units vs block")
+    block, top, rand = df[df.arm == "block"], df[df.arm == "top"], df[df.arm == "random"]
+    if len(block) != 1 or len(top) != 1 or len(rand) == 0:
+        raise ValueError(f"units vs block: need one block row, one top row and random rows, got arms {list(df.arm)}")
+    normalized = bool(np.isfinite(top.repair_vs_block.iloc[0]))
+    value = "repair_vs_block" if normalized else "repair"
+    k = int(block.repair_k.iloc[0]), int(block.repair_n.iloc[0])
+    fig = Figure(figsize=(9, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    for ax, column, ylabel in ((ax1, value, "repair relative to the whole block" if normalized else
+                                "repair (the whole block repairs 0: not normalized)"),
+                               (ax2, "mass", "share of the block's output mass")):
+        heights = [float(top[column].iloc[0]), float(rand[column].mean())]
+        sd = [0.0, float(rand[column].std(ddof=1)) if len(rand) > 1 else 0.0]
+        bars = ax.bar([0, 1], heights, 0.6, yerr=sd, capsize=4, color=[ARM_COLORS["top"], ARM_COLORS["random"]])
+        n_top, n_rand = int(top.repair_n.iloc[0]), int(rand.repair_n.iloc[0])
+        if column == "mass":
+            labels = [f"{heights[0]:.1%}\n(n = {n_top})", f"{heights[1]:.1%} ± {sd[1]:.1%}\n(n = {n_rand} x {len(rand)} sets)"]
+        else:
+            labels = [f"n = {n_top}\n({int(top.repair_k.iloc[0])} repaired)",
+                      f"n = {n_rand} x {len(rand)} sets\n(mean {rand.repair_k.mean():.1f} repaired)"]
+        for bar, label, h, e in zip(bars, labels, heights, sd):
+            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, h + e), textcoords="offset points", xytext=(0, 3),
+                        ha="center", va="bottom", fontsize=7)
+        ax.set_xticks([0, 1], ["top units along v", "random units (mean ± SD)"], fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=9)
+        highest = max(h + e for h, e in zip(heights, sd))
+        ax.set_ylim(0, max(1.0, highest * 1.3) if column != "mass" else max(0.05, highest * 1.4))
+        ax.grid(alpha=0.3, axis="y")
+    if normalized:
+        ax1.axhline(1.0, color="black", lw=0.8, ls="--")
+    fig.suptitle(f"{title}\n(whole block repairs {k[0]}/{k[1]} evaluation failures; error bars: SD over random sets)",
+                 fontsize=10)
+    return fig
+
+
+# ---- RLVR checkpoint study (reach_lens.rlvr.tables): Figures 6a, 6b, 7 and the lineage table with its floors
+
+
+def _protocol_note(df: pd.DataFrame) -> str:
+    """'n = .., K = .., T = ..' from a table's n, K and T columns."""
+    return f"n = {_n(df['n'])}, K = {_n(df['K'])}, T = {float(df['T'].iloc[0]):g}"
+
+
+def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of questions, base -> trained") -> Path:
+    """Figure 6a from `rlvr.tables.fates_table` rows (+ T): per pair, counts of gains from base-reachable and
+    base-unreachable questions, losses (drawn below 0) and the net deployed change (left); entered and left the
+    reachable set and their net (right)."""
+    need = ("pair", "n", "K", "T", "gains_from_reachable", "gains_from_unreachable", "losses", "net_deployed_change",
+            "entered_reachable", "left_reachable", "net_reachable_change")
+    _require(df, need, "rlvr fates")
+    fig = Figure(figsize=(max(8.0, 2.6 * len(df) + 4), 4.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    panels = ((ax1, [("gains_from_reachable", 1, "gained, base-reachable", "tab:green"),
+                     ("gains_from_unreachable", 1, "gained, base-unreachable", "tab:olive"),
+                     ("losses", -1, "lost (realized -> not)", "tab:red"),
+                     ("net_deployed_change", 1, "net deployed change", "black")], "questions (realized)"),
+              (ax2, [("entered_reachable", 1, "entered reachable set", "tab:blue"),
+                     ("left_reachable", -1, "left reachable set", "tab:orange"),
+                     ("net_reachable_change", 1, "net reachable change", "black")], "questions (reachable at K)"))
+    fig.subplots_adjust(wspace=0.35)
+    x = np.arange(len(df))
+    for ax, series, ylabel in panels:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        width = 0.8 / len(series)
+        for j, (col, sign, label, color) in enumerate(series):
+            y = sign * df[col].to_numpy(dtype=float)
+            bars = ax.bar(x + (j - (len(series) - 1) / 2) * width, y, width, color=color, label=label)
+            ax.bar_label(bars, labels=[f"{int(v):+d}" if col.startswith("net") else f"{int(abs(v))}" for v in y],
+                         fontsize=7, padding=1)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title} ({_protocol_note(df)})", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_rlvr_changes(df: pd.DataFrame, path: Path | str, title: str = "Deployed vs reachable change") -> Path:
+    """Figure 6b from `rlvr.tables.table5` rows (+ T): per pair, the change of deployed D and of the oracle O_K
+    side by side, with paired bootstrap 95% intervals, in percentage points."""
+    need = ("pair", "n", "K", "T", *(f"{m}_change{s}" for m in ("D", "O") for s in ("", "_lo", "_hi")))
+    _require(df, need, "rlvr changes")
+    fig = Figure(figsize=(max(5.0, 1.8 * len(df) + 3), 4.2))
+    ax = fig.add_subplot()
+    x = np.arange(len(df))
+    for j, (m, label, color) in enumerate((("D", "deployed D (greedy)", "tab:blue"),
+                                           ("O", f"oracle O_K (K = {_n(df['K'])})", "tab:green"))):
+        y = 100 * df[f"{m}_change"].to_numpy(dtype=float)
+        err = 100 * np.vstack([df[f"{m}_change"] - df[f"{m}_change_lo"], df[f"{m}_change_hi"] - df[f"{m}_change"]])
+        bars = ax.bar(x + (j - 0.5) * 0.38, y, 0.38, yerr=err, capsize=4, color=color, label=label)
+        ax.bar_label(bars, labels=[f"{v:+.1f}" for v in y], fontsize=8, padding=2)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
+    ax.set_ylabel("trained - base (percentage points)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}\n({_protocol_note(df)}; paired bootstrap 95%)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
+                         title: str = "Realization after training by base hit rate") -> Path:
+    """Figure 7 from `rlvr.tables.propensity` rows (+ T): among questions the base does not realize, the share
+    realized after training per base hit-rate bin, one series per (pair, K), Wilson 95% bars and each bin's n
+    (an empty bin is marked "n = 0", with no point)."""
+    need = ("pair", "K", "T", "bin", "n", "realization", "realization_lo", "realization_hi")
+    _require(df, need, "rlvr propensity")
+    bins = list(dict.fromkeys(df["bin"]))
+    groups = list(df.groupby(["pair", "K"], sort=False))
+    fig = Figure(figsize=(max(6.5, 1.3 * len(bins) + 2), 4.6))
+    ax = fig.add_subplot()
+    width = 0.8 / len(groups)
+    for j, ((pair, K), g) in enumerate(groups):
+        g = g.set_index("bin").reindex(bins)
+        x = np.arange(len(bins)) + (j - (len(groups) - 1) / 2) * width
+        y = g["realization"].to_numpy(dtype=float)
+        err = np.vstack([y - g["realization_lo"].to_numpy(dtype=float), g["realization_hi"].to_numpy(dtype=float) - y])
+        line = ax.errorbar(x, y, yerr=err, marker="os^Dv"[j % 5], ms=5, capsize=3, ls="none",
+                           label=f"{pair}, hit rate of K = {K} samples")
+        for xi, yi, n in zip(x, y, g["n"].to_numpy()):
+            ax.annotate(f"n = {int(n)}", (xi, 0.0 if np.isnan(yi) else yi), textcoords="offset points",
+                        xytext=(0, -12 if np.isnan(yi) else 8), ha="center", fontsize=7, color=line[0].get_color())
+    ax.set_xticks(np.arange(len(bins)), [f"{b}\n{'(unreachable)' if b == '0' else ''}" for b in bins], fontsize=8)
+    ax.set_xlim(-0.6, len(bins) - 0.4)
+    ax.set_xlabel("base hit rate (hits / K) of questions the base does not realize")
+    ax.set_ylabel("share realized after training")
+    ax.set_ylim(-0.08, 1.05)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"{title}\n(n = {_n(df.groupby(['pair', 'K'])['n'].sum())} base-unrealized questions, "
+                 f"T = {float(df['T'].iloc[0]):g}; Wilson 95%)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage: deployed, vote and oracle") -> Path:
+    """Table 7 as a figure, from `rlvr.tables.table7` rows (+ T): per checkpoint, deployed D, majority vote@K
+    and oracle O_K (Wilson 95%), the oracle over all samples as a hollow marker, and the uniform guesser's
+    floor at K and at all samples as dashed lines (an oracle at its floor says nothing about reach)."""
+    need = ("checkpoint", "n", "K", "T", "floor", "samples", "floor_all",
+            *(f"{m}{s}" for m in ("D", "vote", "O", "O_all") for s in ("", "_lo", "_hi")))
+    _require(df, need, "rlvr lineage")
+    fig = Figure(figsize=(max(6.0, 1.9 * len(df) + 3), 4.4))
+    ax = fig.add_subplot()
+    x = np.arange(len(df))
+    K, total = int(df["K"].iloc[0]), int(df["samples"].iloc[0])
+    for j, (m, label, color) in enumerate((("D", "deployed D", "tab:blue"), ("vote", f"majority vote@{K}", "tab:orange"),
+                                           ("O", f"oracle O_{K}", "tab:green"))):
+        y = df[m].to_numpy(dtype=float)
+        err = np.vstack([y - df[f"{m}_lo"].to_numpy(dtype=float), df[f"{m}_hi"].to_numpy(dtype=float) - y])
+        bars = ax.bar(x + (j - 1) * 0.27, y, 0.27, yerr=err, capsize=3, color=color, label=label)
+        ax.bar_label(bars, labels=[f"{v:.0%}" for v in y], fontsize=7, padding=2)
+    ax.errorbar(x + 0.42, df["O_all"], yerr=np.vstack([df["O_all"] - df["O_all_lo"], df["O_all_hi"] - df["O_all"]]),
+                marker="o", mfc="none", ms=7, color="darkgreen", ls="none", capsize=2, label=f"oracle O_{total}")
+    floors = ((float(df["floor"].iloc[0]), f"guessing floor at K = {K}"),
+              (float(df["floor_all"].iloc[0]), f"guessing floor at K = {total}"))
+    for (value, label), style in zip(floors, ("--", ":")):
+        if value > 0:
+            ax.axhline(value, color="gray", ls=style, lw=1, label=f"{label}: {value:.1%}")
+    ax.set_xticks(x, [f"{c}\n(n = {int(n)})" for c, n in zip(df["checkpoint"], df["n"])], fontsize=8)
+    ax.set_ylabel("share of questions correct")
+    ax.set_ylim(0, 1.1)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.set_title(f"{title}\n({_protocol_note(df)}; Wilson 95%)", fontsize=10)
     return _save(fig, path)

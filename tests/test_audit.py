@@ -160,15 +160,16 @@ def test_realization_by_hit_rate_bin():
     base = _table([("u1", 0, 0), ("u2", 0, 0), ("u3", 0, 0), ("m1", 0, 1), ("m2", 1, 2), ("h1", 1, 4), ("h2", 0, 4)])
     trained = _table([("u1", 1, 1), ("u2", 0, 0), ("u3", 0, 0), ("m1", 1, 4), ("m2", 0, 1), ("h1", 1, 4),
                       ("h2", 1, 4)])
-    t = realization_by_hit_rate_bin(base, trained, bins=[0, 1e-9, 0.5, 1.0])
-    assert t["n"].tolist() == [3, 1, 3]  # [0,1e-9): u*, [1e-9,0.5): m1 (0.25), [0.5,1]: m2 (0.5), h1, h2
-    assert t["realized"].tolist() == [1, 1, 2]
-    assert t["base_realized"].tolist() == [0, 0, 2]
+    t = realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 1.0])
+    # base-realized m2, h1 are in no bin; 0: u*, (0, 50%]: m1 (0.25), (50%, 100%]: h2 (1.0)
+    assert t["bin"].tolist() == ["0", "(0%, 50%]", "(50%, 100%]"]
+    assert t["n"].tolist() == [3, 1, 1] and t["realized"].tolist() == [1, 1, 1]
+    assert t["base_reachable"].tolist() == [False, True, True]
     assert t["realization"].iloc[0] == pytest.approx(1 / 3)
     assert (t["realization_lo"].iloc[0], t["realization_hi"].iloc[0]) == pytest.approx(wilson_interval(1, 3))
     with pytest.raises(ValueError, match="strictly increasing"):
         realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 0.5, 1])
-    with pytest.raises(ValueError, match="from <= 0 to >= 1"):
+    with pytest.raises(ValueError, match="from 0 to 1"):
         realization_by_hit_rate_bin(base, trained, bins=[0.1, 1])
 
 

@@ -1,81 +1,331 @@
-"""Small end-to-end runs of the census and sampling-gap experiments on the embedded model."""
+"""The four study scripts (sampling_gap, selection, routing, census) end to end.
+
+Unit tests run each script on a tiny random model (``cli.load`` patched) whose unembedding favours option
+letters, over a small ARC-format question file, so the tables can be checked against values recomputed here
+from the stored records; bad-input tests check that every argument is refused before anything loads. The
+integration tests (marker ``integration``) run the scripts on the embedded model at tiny sizes.
+"""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
+from conftest import make_tiny_model
+
+from reach_lens import cli
+from reach_lens.audit import wilson_interval
+from reach_lens.select import SELECTORS, majority_vote
 
 ROOT = Path(__file__).resolve().parents[1]
+LETTERS = {3 + ord(c) - 32: c for c in "ABCD"}
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"experiment_{name}", ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.integration
-def test_sampling_gap_small_run(tmp_path):
+class LetterTokenizer:
+    """Printable ASCII as ids 3..97 and newline as 98 (0 pad, 1 BOS, 2 EOS); an option letter's id decodes to
+    " X\\n\\n", so a continuation that starts with one ends there (the stop string of the shared format)."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    padding_side = "right"
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        ids = [98 if c == "\n" else min(max(3 + ord(c) - 32, 3), 97) for c in text]
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f" {LETTERS[i]}\n\n" if i in LETTERS else "\n" if i == 98 else chr(i - 3 + 32)
+                       for i in ids if i >= 3)
+
+
+@pytest.fixture(scope="module")
+def letter_model():
+    """A tiny random model that mostly answers with a letter (A-C; D is no option, so a format failure)."""
+    model = make_tiny_model(n_layers=4, d_vocab=100, seed=1)
+    model.tokenizer = LetterTokenizer()
+    with torch.no_grad():
+        for i, c in LETTERS.items():
+            model.unembed.b_U[i] += 2.5 if c == "D" else 4.5
+    return model
+
+
+@pytest.fixture
+def tiny(letter_model, monkeypatch, tmp_path):
+    """Scripts run on the letter model over 8 three-option ARC questions; returns (source file, common args)."""
+    source = tmp_path / "questions.jsonl"
+    rows = [{"id": f"q{i}", "question": f"Which one is number {i}?", "answerKey": "ABC"[i % 3],
+             "choices": {"text": ["ice", "fire", "snow"], "label": ["A", "B", "C"]}} for i in range(8)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(cli, "load", lambda args, name=None: letter_model)
+    common = ["--source", str(source), "--fmt", "shared", "--out", str(tmp_path / "runs"),
+              "--figures", str(tmp_path / "figures"), "--threads", "1"]
+    return source, common
+
+
+def stored(directory: Path) -> pd.DataFrame:
+    """A stored table read straight from its parquet parts (not through the library)."""
+    return pd.concat([pd.read_parquet(p) for p in sorted(directory.glob("part-*.parquet"))], ignore_index=True)
+
+
+def one(paths) -> Path:
+    paths = list(paths)
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+# ---------------------------------------------------------------- sampling gap
+
+
+def test_sampling_gap_tables_are_the_stored_records(tiny):
+    _, common = tiny
     script = load_script("sampling_gap")
-    args = ["--n", "6", "--K", "4", "--temperatures", "0.8", "1.2", "--out", str(tmp_path / "runs"),
-            "--figures", str(tmp_path / "figures")]
-    assert script.main(args) == 0
-    run_dir = next((tmp_path / "runs").iterdir())
-    table = pd.read_csv(run_dir / "table.csv").iloc[0]
-    assert table.n == 6 and table.K == 4
-    assert table.vote <= table.oracle  # the vote picks one of the K candidates, the oracle any of them
-    curve = pd.read_csv(run_dir / "reach_curve.csv")
-    assert list(curve.k) == [1, 2, 3, 4] and curve.reach.is_monotonic_increasing
-    assert curve.reach.iloc[-1] == pytest.approx(table.oracle)
-    sweep = pd.read_csv(run_dir / "temperature_sweep.csv")
-    assert sorted(sweep["T"]) == [0.8, 1.2]
-    assert len(list((tmp_path / "figures").glob("*.png"))) == 2
+    assert script.main(["--n", "6", "--K", "4", "--T", "0.8", "--temperatures", "0.8", "1.2", *common]) == 0
+    run = one((Path(common[5])).iterdir())
+    deployed = stored(run / "deployed" / "deployed").set_index("question_id")
+    out = one(run.glob("summary-T0.8-*"))
+    table = pd.read_csv(out / "table.csv").iloc[0]
+    sweep = pd.read_csv(out / "temperature_sweep.csv").set_index("T")
+    assert sorted(sweep.index) == [0.8, 1.2] and (table.n, table.K, table["T"]) == (6, 4, 0.8)
+    for T in (0.8, 1.2):
+        records = stored(run / f"T{T:g}" / "records")
+        cands = [list(c) for c in records.candidates]
+        assert [len(c) for c in cands] == [4] * 6
+        oracle = np.mean([any(c["correct"] for c in cs) for cs in cands])
+        vote = np.mean([cs[majority_vote(cs)]["correct"] for cs in cands])
+        D = np.mean([deployed.loc[q, "correct"] for q in records.question_id])
+        assert (sweep.loc[T, "O"], sweep.loc[T, "vote"], sweep.loc[T, "D"]) == pytest.approx((oracle, vote, D))
+        if T == 0.8:
+            assert (table.oracle, table.vote, table.deployed) == pytest.approx((oracle, vote, D))
+            assert (table.oracle_lo, table.oracle_hi) == pytest.approx(wilson_interval(round(oracle * 6), 6))
+            curve = pd.read_csv(out / "reach_curve.csv")
+            hit_rate = np.mean([np.mean([c["correct"] for c in cs]) for cs in cands])
+            assert list(curve.k) == [1, 2, 3, 4]
+            assert (curve.reach.iloc[0], curve.reach.iloc[-1]) == pytest.approx((hit_rate, oracle))
+    figures = sorted(p.name for p in Path(common[7]).glob("*.png"))
+    assert figures == sorted(p.name for p in out.glob("*.png")) and len(figures) == 2
 
 
-@pytest.mark.integration
-def test_census_small_run(tmp_path):
-    script = load_script("census")
-    args = ["--n", "8", "--sparsities", "0.5", "--tasks", "arc_easy", "--out", str(tmp_path / "runs"),
-            "--figures", str(tmp_path / "figures")]
-    assert script.main(args) == 0
-    table = pd.read_csv(tmp_path / "runs" / "census.csv")
-    assert len(table) == 2 and set(table.sparsity) == {0.0, 0.5}
-    assert (table.n_fail <= table.n).all() and (table.n_fail + table.n_healthy <= table.n).all()
-    assert (tmp_path / "figures" / "census.png").stat().st_size > 5000
+def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
+    _, common = tiny
+    script = load_script("sampling_gap")
+    base = ["--n", "3", "--K", "2", "--temperatures", "0.8", "1.2", *common]
+    assert script.main([*base, "--T", "0.8"]) == 0
+    run = one(Path(common[5]).iterdir())
+    first = {p.name: p.read_text() for p in one(run.glob("summary-*")).glob("*.csv")}
+    assert set(first) == {"table.csv", "temperature_sweep.csv", "reach_curve.csv"}
+    assert script.main([*base, "--T", "1.2"]) == 0
+    summaries = sorted(run.glob("summary-*"))
+    assert len(summaries) == 2
+    kept = one(run.glob("summary-T0.8-*"))
+    assert {p.name: p.read_text() for p in kept.glob("*.csv")} == first
+    assert pd.read_csv(one(run.glob("summary-T1.2-*")) / "table.csv")["T"].item() == 1.2
 
 
-@pytest.mark.integration
-def test_routing_small_run_with_learned_router_and_resume(tmp_path, monkeypatch):
-    script = load_script("routing")
-    args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "3", "--K", "4", "--spaces", "skip_repeat",
-            "--methods", "random", "mcts", "--vote-k", "2", "--mcts-k", "3",
-            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
-    assert script.main(args) == 0
-    summary = tmp_path / "runs" / "summary-n3-K4-s0"
-    table1 = pd.read_csv(summary / "table1.csv").set_index("task")
-    assert table1.loc["arc_easy", "n"] == 3 and table1["learned_router_pp"].notna().all()
-    curves = pd.read_csv(summary / "oracle_curves.csv")
-    oracle = curves[curves.series == "random"].sort_values("k").value
-    assert list(curves.k.unique()) == [1, 2, 3, 4] and oracle.is_monotonic_increasing
-    assert (summary / "routing_oracle_skip_repeat.png").stat().st_size > 5000
+@pytest.mark.parametrize("argv, option, says", [
+    (["--n", "0"], "--n", "0 out of range: expected an integer >= 1"),
+    (["--K", "0"], "--K", "0 out of range: expected an integer >= 1"),
+    (["--T", "-0.5"], "--T", "-0.5 out of range: expected a number > 0"),
+    (["--temperatures", "0.8", "0"], "--temperatures", "0.0 out of range: expected a number > 0"),
+    (["--chunk", "0"], "--chunk", "0 out of range"),
+    (["--batch-size", "-1"], "--batch-size", "-1 out of range"),
+    (["--task", "nope"], "--task", "invalid choice: 'nope'"),
+])
+def test_sampling_gap_bad_arguments_fail_before_anything_loads(tmp_path, monkeypatch, capsys, argv, option, says):
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the arguments were checked"))
+    script = load_script("sampling_gap")
+    with pytest.raises(SystemExit) as exit_:
+        script.main([*argv, "--out", str(tmp_path / "runs")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and says in err
+    assert not (tmp_path / "runs").exists()
 
-    # a rerun generates nothing: searches, candidates and the router's routes come from the store
-    monkeypatch.setattr(script.RouteEvaluator, "evaluate", lambda *a, **k: pytest.fail("regenerated a route"))
-    assert script.main(args) == 0
-    pd.testing.assert_frame_equal(pd.read_csv(summary / "table1.csv").set_index("task"), table1)
+
+def test_sampling_gap_empty_or_short_source_fails_before_the_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the questions were checked"))
+    script = load_script("sampling_gap")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(SystemExit, match=r"no questions: arc_easy from .*empty.jsonl holds 0 questions"):
+        script.main(["--source", str(empty), "--out", str(tmp_path / "runs")])
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"id": "q", "question": "?", "answerKey": "A",
+                                 "choices": {"text": ["x", "y"], "label": ["A", "B"]}}) + "\n")
+    with pytest.raises(SystemExit, match=r"--n 5 out of range: arc_easy from .*short.jsonl holds 1 questions"):
+        script.main(["--source", str(short), "--n", "5", "--out", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match=r"cannot load arc_easy from .*missing.jsonl.*: data source .* does not exist"):
+        script.main(["--source", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.integration
-def test_selection_small_run_has_every_channel(tmp_path):
-    script = load_script("selection")
+@pytest.mark.parametrize("script_name", ["sampling_gap", "selection", "routing", "census"])
+@pytest.mark.parametrize("option", ["--out", "--figures"])
+def test_outputs_under_a_regular_file_fail_before_loading(tmp_path, monkeypatch, script_name, option):
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the outputs were checked"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    script = load_script(script_name)
+    with pytest.raises(SystemExit, match=rf"{option} '.*a-file/sub': '.*a-file' is a file, not a directory"):
+        script.main([option, str(blocker / "sub")])
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_selection_draws_the_sampling_gap_samples_and_flags_collapse(tiny):
+    _, common = tiny
+    assert load_script("sampling_gap").main(["--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8", *common]) == 0
+    sel_common = [*common[:4], "--out", str(Path(common[5]).parent / "sel"), *common[6:]]
     args = ["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8",
-            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+            "--collapse-threshold", "0.05", *sel_common]
+    assert load_script("selection").main(args) == 0
+
+    gap_run = one(Path(common[5]).iterdir())
+    sel_run = one(p for p in (Path(common[5]).parent / "sel").iterdir() if not p.name.startswith("summary-"))
+    gap, sel = stored(gap_run / "T0.8" / "records"), stored(sel_run / "T0.8" / "records")
+    assert list(gap.question_id) == list(sel.question_id)
+    for a, b in zip(gap.candidates, sel.candidates):  # same model, T and seed: the same samples
+        assert [(c["text"], c["mean_logprob"], c["length"]) for c in a] == [(c["text"], c["mean_logprob"], c["length"]) for c in b]
+    pd.testing.assert_frame_equal(stored(gap_run / "deployed" / "deployed")[["question_id", "text", "answer", "correct"]],
+                                  stored(sel_run / "deployed" / "deployed")[["question_id", "text", "answer", "correct"]])
+
+    out = one((Path(common[5]).parent / "sel").glob("summary-*"))
+    recovery = pd.read_csv(out / "recovery.csv")
+    routes = stored(one(sel_run.glob("routes-*")) / "records")
+    assert sorted(recovery[recovery.probe == "routes"].selector) == sorted([*SELECTORS, "learned_router"])
+    assert "learned_router" not in set(recovery[recovery.probe == "T0.8"].selector)
+    for probe, records in (("routes", routes), ("T0.8", sel)):
+        rows = recovery[recovery.probe == probe].set_index("selector")
+        cands = [list(c) for c in records.candidates]
+        failures = sum(c["answer"] is None for cs in cands for c in cs) / sum(map(len, cands))
+        assert rows.format_failure_rate.to_numpy() == pytest.approx(failures)
+        assert (rows.collapsed == (failures > 0.05)).all()
+        assert rows.loc["majority_vote", "selector_acc"] == pytest.approx(np.mean([cs[majority_vote(cs)]["correct"] for cs in cands]))
+        assert rows.loc["majority_vote", "oracle"] == pytest.approx(np.mean([any(c["correct"] for c in cs) for cs in cands]))
+    assert recovery.collapsed.any(), "the letter model fails extraction on some candidates: the test needs a collapsed cell"
+    medians = pd.read_csv(out / "recovery_medians.csv")
+    collapsed_probes = set(recovery[recovery.collapsed].probe)
+    assert medians[medians.probe.isin(collapsed_probes)]["median"].isna().all()  # collapsed cells are left out
+    assert (medians[medians.probe.isin(collapsed_probes)].collapsed_cells == 1).all()
+
+
+# ---------------------------------------------------------------- routing
+
+
+def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(tiny, monkeypatch):
+    _, common = tiny
+    script = load_script("routing")
+    args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "4", "--K", "6", "--spaces", "skip_repeat",
+            "--methods", "random", "mcts", "--vote-k", "3", "--mcts-k", "4", *common]
     assert script.main(args) == 0
-    recovery = pd.read_csv(tmp_path / "runs" / "summary-n4-K3-s0" / "recovery.csv")
-    routes = recovery[recovery.probe == "routes"]
-    assert sorted(routes.selector) == sorted(script.CHANNELS) and (routes.n == 4).all()
-    assert "learned_router" not in set(recovery[recovery.probe == "T0.8"].selector)  # routes only
-    assert (routes.selector_acc.between(0, 1)).all() and (routes.greedy <= routes.oracle).all()
+    run = one(p for p in Path(common[5]).iterdir() if not p.name.startswith("summary-"))
+    searches = stored(run / "searches")
+    full = [0, 1, 2, 3]
+    D, rand, mcts, vote = [], [], [], []
+    for row in searches.itertuples():
+        by_route = {tuple(c["route"]): c for c in row.candidates}
+        traces = {t["method"]: t for t in row.searches}
+        assert list(traces["random"]["routes"][0]) == full and len(traces["random"]["routes"]) == 6
+        D.append(by_route[tuple(full)]["correct"])
+        rand.append(any(by_route[tuple(r)]["correct"] for r in traces["random"]["routes"]))
+        mcts.append(any(by_route[tuple(r)]["correct"] for r in traces["mcts"]["routes"][:4]))
+        first = [by_route[tuple(r)] for r in traces["random"]["routes"][:3]]
+        vote.append(first[majority_vote(first)]["correct"])
+    router = stored(run / "router")
+    out = one(Path(common[5]).glob("summary-*"))
+    t1 = pd.read_csv(out / "table1.csv").set_index("task")
+    assert list(t1.index) == ["arc_easy", "all questions pooled"]
+    row = t1.loc["arc_easy"]
+    assert row["D"] == pytest.approx(np.mean(D))
+    assert row["random_oracle@6_pp"] == pytest.approx(100 * (np.mean(rand) - np.mean(D)))
+    assert row["mcts_oracle@4_pp"] == pytest.approx(100 * (np.mean(mcts) - np.mean(D)))
+    assert row["random_vote@3_pp"] == pytest.approx(100 * (np.mean(vote) - np.mean(D)))
+    assert row["learned_router_pp"] == pytest.approx(100 * (router.correct.mean() - np.mean(D)))
+    curves = pd.read_csv(out / "oracle_curves.csv")
+    random_curve = curves[curves.series == "random"].sort_values("k")
+    assert random_curve.value.iloc[-1] == pytest.approx(np.mean(rand)) and random_curve.value.iloc[0] == pytest.approx(np.mean(D))
+    diff = pd.read_csv(out / "random_minus_structured.csv").iloc[0]
+    assert diff["diff"] == pytest.approx(np.mean(rand) - np.mean([any(by["correct"] for by in (
+        {tuple(c["route"]): c for c in r.candidates}[tuple(x)] for x in {t["method"]: t for t in r.searches}["mcts"]["routes"]))
+        for r in searches.itertuples()]))
+    first_tables = {p.name: p.read_text() for p in out.glob("*.csv")}
+
+    import reach_lens.routing.evaluate as evaluate
+    monkeypatch.setattr(evaluate, "route", lambda *a, **k: pytest.fail("a rerun generated a route"))
+    monkeypatch.setattr(evaluate, "cross_fit_router", lambda *a, **k: pytest.fail("a rerun refitted the router"))
+    assert script.main(args) == 0
+    assert {p.name: p.read_text() for p in out.glob("*.csv")} == first_tables
+
+
+def test_routing_uniform_random_routes_are_another_protocol(tiny):
+    _, common = tiny
+    script = load_script("routing")
+    args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "2", "--K", "4", "--spaces", "skip",
+            "--methods", "random", *common]
+    assert script.main([*args, "--random-routes", "uniform"]) == 0
+    run = one(p for p in Path(common[5]).iterdir() if not p.name.startswith("summary-"))
+    protocol = json.loads((run / "protocol.json").read_text())["protocol"]
+    assert protocol["settings"]["random_routes"] == "uniform"
+    routes = [t["routes"] for s in stored(run / "searches").searches for t in s]
+    assert all(len(r) == 4 for r in routes)
+    assert script.main([*args, "--random-routes", "geometric"]) == 0  # its own run directory, not a mismatch
+    assert len([p for p in Path(common[5]).iterdir() if not p.name.startswith("summary-")]) == 2
+
+
+# ---------------------------------------------------------------- census
+
+
+def test_census_table_is_the_stored_screens(tiny):
+    _, common = tiny
+    script = load_script("census")
+    assert script.main(["--n", "8", "--sparsities", "0.5", "--tasks", "arc_easy", "--min-failures", "1", *common]) == 0
+    out = one(Path(common[5]).glob("summary-*"))
+    table = pd.read_csv(out / "census.csv").set_index("sparsity")
+    assert sorted(table.index) == [0.0, 0.5]
+    for sparsity in (0.0, 0.5):
+        run = one(p for p in Path(common[5]).iterdir()
+                  if not p.name.startswith("summary-") and json.loads((p / "protocol.json").read_text())
+                  ["protocol"]["settings"]["sparsity"] == sparsity)
+        screen = stored(run / "screen")
+        row = table.loc[sparsity]
+        rec, gen = int(screen.recognized.sum()), int(screen.generated.sum())
+        n_fail = int((screen.recognized & ~screen.generated).sum())
+        assert (row.n, row.recognition_acc, row.generation_acc, row.n_fail) == pytest.approx((8, rec / 8, gen / 8, n_fail))
+        assert row.meets_criterion == (wilson_interval(rec, 8)[0] > wilson_interval(gen, 8)[1] and n_fail >= 1)
+    assert (Path(common[7]) / "census.png").exists()
+
+
+# ---------------------------------------------------------------- on the embedded model
+
+
+@pytest.mark.integration
+def test_sampling_gap_and_selection_on_the_embedded_model(tmp_path):
+    figures = ["--figures", str(tmp_path / "figures"), "--n", "2", "--K", "2", "--T", "0.8", "--temperatures", "0.8"]
+    assert load_script("sampling_gap").main(["--out", str(tmp_path / "gap"), *figures]) == 0
+    assert load_script("selection").main(["--out", str(tmp_path / "sel"), "--tasks", "arc_easy", *figures]) == 0
+    gap = stored(one(p for p in (tmp_path / "gap").iterdir()) / "T0.8" / "records")
+    sel = stored(one(p for p in (tmp_path / "sel").iterdir() if not p.name.startswith("summary-")) / "T0.8" / "records")
+    for a, b in zip(gap.candidates, sel.candidates):
+        assert [c["text"] for c in a] == [c["text"] for c in b]
+
+
+@pytest.mark.integration
+def test_routing_and_census_on_the_embedded_model(tmp_path):
+    args = ["--tasks", "arc_easy", "--n", "2", "--figures", str(tmp_path / "figures")]
+    assert load_script("routing").main([*args, "--models", "embedded", "--K", "3", "--spaces", "skip_repeat",
+                                        "--methods", "random", "mcts", "--out", str(tmp_path / "routing")]) == 0
+    t1 = pd.read_csv(one((tmp_path / "routing").glob("summary-*")) / "table1.csv")
+    assert t1.n.tolist() == [2, 2] and t1["learned_router_pp"].notna().all()
+    assert load_script("census").main([*args, "--sparsities", "--out", str(tmp_path / "census")]) == 0
+    census = pd.read_csv(one((tmp_path / "census").glob("summary-*")) / "census.csv")
+    assert census.n.tolist() == [2]

@@ -1,18 +1,49 @@
+"""Every figure kind draws the data of its table: the artists of each figure are read back and compared with
+the input (a PNG of a rendered canvas is also written)."""
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.colors import to_rgba
+from matplotlib.container import BarContainer, ErrorbarContainer
 
+from reach_lens import plots
 from reach_lens.audit import breakage_rate, reach_curve, repair_rate, summarize
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
-from reach_lens.plots import (plot_census, plot_layer_sweep, plot_reach_curve, plot_steering, plot_temperature_gap,
-                              plot_units)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _is_png(path) -> bool:
-    data = path.read_bytes()
-    return data[:8] == PNG_MAGIC and len(data) > 5000  # a rendered figure, not an empty canvas
+@pytest.fixture
+def drawn(monkeypatch):
+    """{path name: Figure} of every figure the plot functions save during the test."""
+    figures = {}
+    save = plots._save
+
+    def capture(fig, path):
+        out = save(fig, path)
+        assert out.read_bytes()[:8] == PNG_MAGIC
+        figures[out.name] = fig
+        return out
+
+    monkeypatch.setattr(plots, "_save", capture)
+    return figures
+
+
+def lines(ax, label=None):
+    return [ln for ln in ax.get_lines() if label is None or ln.get_label() == label]
+
+
+def line(ax, label):
+    found = lines(ax, label)
+    assert len(found) == 1, [ln.get_label() for ln in ax.get_lines()]
+    return found[0]
+
+
+def band(collection):
+    """(x, y) vertices of a fill_between polygon."""
+    return collection.get_paths()[0].vertices
 
 
 def _records(hits, d, K=8):
@@ -26,59 +57,186 @@ def _records(hits, d, K=8):
 RECS = _records([0, 1, 3, 8, 0, 2, 5, 0], [0, 0, 1, 1, 0, 0, 1, 0])
 
 
-def test_plot_reach_curve(tmp_path):
+def test_plot_reach_curve(tmp_path, drawn):
     curve = reach_curve(RECS, n_boot=100)
     s = summarize(RECS, n_boot=100)
-    out = plot_reach_curve(curve, tmp_path / "reach.png", "toy", deployed=s["D"], vote=s["vote"])
-    assert out == tmp_path / "reach.png" and _is_png(out)
-    two = pd.concat([curve.assign(series="random"), reach_curve(_records([1] * 8, [0] * 8), n_boot=100)
-                    .assign(series="mcts")])
-    assert _is_png(plot_reach_curve(two, tmp_path / "sub" / "two.png", "two series"))
+    out = plots.plot_reach_curve(curve, tmp_path / "reach.png", "toy", deployed=s["D"], vote=s["vote"])
+    assert out == tmp_path / "reach.png"
+    ax = drawn["reach.png"].axes[0]
+    reach = line(ax, "oracle reach@k")
+    np.testing.assert_allclose(reach.get_xdata(), curve.k)
+    np.testing.assert_allclose(reach.get_ydata(), curve.reach)
+    ys = band(ax.collections[0])[:, 1]
+    assert ys.min() == pytest.approx(curve.lo.min()) and ys.max() == pytest.approx(curve.hi.max())
+    assert line(ax, f"deployed D = {s['D']:.3f}").get_ydata()[0] == pytest.approx(s["D"])
+    star = line(ax, f"vote@8 = {s['vote']:.3f}")
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (8, pytest.approx(s["vote"]))
+    assert "n = 8, K = 8" in ax.get_title()
+
+    other = reach_curve(_records([1] * 8, [0] * 8), n_boot=100)
+    two = pd.concat([curve.assign(series="random"), other.assign(series="mcts")])
+    plots.plot_reach_curve(two, tmp_path / "sub" / "two.png", "two series")
+    ax = drawn["two.png"].axes[0]
+    np.testing.assert_allclose(line(ax, "random").get_ydata(), curve.reach)
+    np.testing.assert_allclose(line(ax, "mcts").get_ydata(), other.reach)
 
 
-def test_plot_temperature_gap(tmp_path):
+def test_plot_temperature_gap(tmp_path, drawn):
     df = pd.DataFrame([{"T": T, **summarize(_records(h, d), n_boot=100)}
-                       for T, h, d in ((0.2, [0, 1, 8, 8], [0, 0, 1, 1]), (0.8, [0, 3, 5, 8], [0, 0, 1, 1]),
-                                       (1.2, [2, 3, 5, 6], [0, 0, 1, 1]))])
-    assert _is_png(plot_temperature_gap(df, tmp_path / "t.png"))
+                       for T, h, d in ((1.2, [2, 3, 5, 6], [0, 0, 1, 1]), (0.2, [0, 1, 8, 8], [0, 0, 1, 1]),
+                                       (0.8, [0, 3, 5, 8], [0, 0, 1, 1]))])
+    plots.plot_temperature_gap(df, tmp_path / "t.png")
+    left, right = drawn["t.png"].axes
+    df = df.sort_values("T")
+    for label, column in (("oracle O_8", "O"), ("majority vote@8", "vote"), ("deployed D (greedy)", "D")):
+        ln = line(left, label)
+        np.testing.assert_allclose(ln.get_xdata(), df["T"])
+        np.testing.assert_allclose(ln.get_ydata(), df[column])
+    np.testing.assert_allclose(line(right, "O_8 - vote@8").get_ydata(), df.selection_gap)
 
 
-def test_plot_census(tmp_path):
+def test_plot_census(tmp_path, drawn):
     df = pd.DataFrame({"cell": ["a", "b", "c"], "recognition_acc": [0.5, 0.7, 0.3],
                        "generation_acc": [0.3, 0.7, 0.35], "n_fail": [8, 1, 0], "meets_criterion": [True, False, False]})
-    assert _is_png(plot_census(df, tmp_path / "census.png"))
+    plots.plot_census(df, tmp_path / "census.png")
+    ax = drawn["census.png"].axes[0]
+    points = {tuple(c.get_offsets()[0]): c for c in ax.collections if isinstance(c, PathCollection)}
+    assert set(points) == set(zip(df.recognition_acc, df.generation_acc))
+    for r in df.itertuples():
+        color = to_rgba("tab:red" if r.meets_criterion else "tab:gray")
+        assert tuple(points[(r.recognition_acc, r.generation_acc)].get_facecolor()[0][:3]) == pytest.approx(color[:3])
+    assert sorted(t.get_text() for t in ax.texts) == ["a", "b", "c"]
+    assert "1 meet the criterion" in ax.get_title()
 
 
-def test_plot_layer_sweep(tmp_path):
+def test_plot_layer_sweep(tmp_path, drawn):
     rows = []
     for layer in range(4):
         for j, comp in enumerate(("mlp", "attn", "layer")):
             rep = repair_rate([False] * 8, [i < (2 * layer + j) % 9 for i in range(8)])
             brk = breakage_rate([True] * 10, [i >= layer + 2 * j for i in range(10)])
             rows.append({"layer": layer, "component": comp, **rep.to_dict("repair"), **brk.to_dict("breakage")})
-    assert _is_png(plot_layer_sweep(pd.DataFrame(rows), tmp_path / "sweep.png", marked_layer=2))
+    df = pd.DataFrame(rows)
+    plots.plot_layer_sweep(df, tmp_path / "sweep.png", marked_layer=2)
+    top, bottom = drawn["sweep.png"].axes[:2]
+    for ax, metric in ((top, "repair"), (bottom, "breakage")):
+        bars = {c.get_label(): c for c in ax.containers if isinstance(c, ErrorbarContainer)}
+        for comp, g in df.groupby("component"):
+            ln = bars[comp].lines[0]
+            np.testing.assert_allclose(np.asarray(ln.get_ydata(), float), g.sort_values("layer")[metric])
+            np.testing.assert_allclose(np.round(np.asarray(ln.get_xdata(), float)), g.sort_values("layer").layer)
+        assert any(list(ln.get_xdata()) == [2, 2] for ln in ax.get_lines())  # the marked layer
     with pytest.raises(ValueError, match=r"components \['ffn'\]"):
-        plot_layer_sweep(pd.DataFrame(rows).assign(component="ffn"), tmp_path / "bad.png")
+        plots.plot_layer_sweep(df.assign(component="ffn"), tmp_path / "bad.png")
 
 
-def test_plot_steering(tmp_path):
+def test_plot_steering(tmp_path, drawn):
     df = pd.DataFrame([{"alpha": a, **repair_rate([False] * 8, [i < r for i in range(8)]).to_dict("rescue"),
                         **breakage_rate([True] * 10, [i >= b for i in range(10)]).to_dict("induction")}
-                       for a, r, b in ((2, 3, 1), (4, 5, 4), (8, 8, 9))])
-    assert _is_png(plot_steering(df, tmp_path / "steer.png"))
+                       for a, r, b in ((8, 8, 9), (2, 3, 1), (4, 5, 4))])
+    plots.plot_steering(df, tmp_path / "steer.png")
+    ax = drawn["steer.png"].axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    df = df.sort_values("alpha")
+    np.testing.assert_allclose(np.asarray(bars[0].lines[0].get_ydata(), float), df.rescue)
+    np.testing.assert_allclose(np.asarray(bars[1].lines[0].get_ydata(), float), df.induction)
+    np.testing.assert_allclose(np.asarray(bars[0].lines[0].get_xdata(), float), df.alpha * 0.97)
 
 
-def test_plot_units(tmp_path):
+def test_plot_units(tmp_path, drawn):
     rows = [{"case": case, "arm": arm, **repair_rate([False] * n, [i < k for i in range(n)]).to_dict("repair")}
             for case, n in (("smol/arc-e", 8), ("smol/arc-c", 5))
             for arm, k in (("block", n - 1), ("top", n - 2), ("random", 1))]
-    assert _is_png(plot_units(pd.DataFrame(rows), tmp_path / "units.png"))
+    df = pd.DataFrame(rows)
+    plots.plot_units(df, tmp_path / "units.png")
+    ax = drawn["units.png"].axes[0]
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [b.get_label() for b in bars] == [plots.ARM_LABELS[a] for a in ("block", "top", "random")]
+    for container, arm in zip(bars, ("block", "top", "random")):
+        heights = [p.get_height() for p in container.patches]
+        np.testing.assert_allclose(heights, df[df.arm == arm].repair)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["smol/arc-e\n(n = 8)", "smol/arc-c\n(n = 5)"]
+
+
+# ---------------------------------------------------------------- routing and selection
+
+
+def routing_curves():
+    rows = []
+    for model, task, collapsed in (("embedded", "arc_easy", False), ("embedded", "piqa", True)):
+        for j, series in enumerate(("random", "mcts", "random vote")):
+            value = np.minimum(1, 0.2 + 0.1 * j + 0.05 * np.arange(4))
+            rows.append(pd.DataFrame({"model": model, "task": task, "space": "skip", "series": series,
+                                      "k": np.arange(1, 5), "value": value, "lo": value - 0.1, "hi": value + 0.1,
+                                      "n": 5, "K": 4, "D": 0.3, "collapsed": collapsed,
+                                      "format_failure_rate": 0.8 if collapsed else 0.1}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_plot_oracle_curves(tmp_path, drawn):
+    curves = routing_curves()
+    plots.plot_oracle_curves(curves, "skip", tmp_path / "oracle.png")
+    fig = drawn["oracle.png"]
+    easy, piqa = fig.axes[:2]
+    for ax, task in ((easy, "arc_easy"), (piqa, "piqa")):
+        for series in ("random", "mcts", "random vote"):
+            g = curves[(curves.task == task) & (curves.series == series)]
+            np.testing.assert_allclose(line(ax, series).get_ydata(), g.value)
+        assert line(ax, "deployed D").get_ydata()[0] == 0.3
+    assert "format collapse (80%)" in piqa.get_title() and "collapse" not in easy.get_title()
+    assert "n = 5, K = 4" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="no rows for action space 'segments'"):
+        plots.plot_oracle_curves(curves, "segments", tmp_path / "x.png")
+
+
+def test_plot_random_minus_structured(tmp_path, drawn):
+    diffs = pd.DataFrame({"space": "skip", "method": ["mcts", "mcts", "genetic"], "diff": [0.25, -0.5, 0.0],
+                          "collapsed": [False, True, False], "n": 4, "K": 8})
+    counts = pd.DataFrame({"space": "skip", "method": ["mcts", "genetic"], "random_better": [1, 0], "tie": [0, 1],
+                           "structured_better": [0, 0]})
+    plots.plot_random_minus_structured(diffs, counts, tmp_path / "diff.png")
+    ax = drawn["diff.png"].axes[0]
+    dots = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert sorted(ln.get_ydata()[0] for ln in dots) == [-50.0, 0.0, 25.0]
+    hollow = [ln.get_ydata()[0] for ln in dots if ln.get_markerfacecolor() == "none"]
+    assert hollow == [-50.0]
+    assert sorted(t.get_text() for t in ax.texts) == ["0 / 1 / 0", "1 / 0 / 0"]
+
+
+def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_median(tmp_path, drawn):
+    rec = pd.DataFrame({"probe": ["routes"] * 3 + ["T0.8"] * 3, "selector": ["majority_vote"] * 6,
+                        "recovery": [0.5, -1.0, 2.0, 0.1, 0.3, np.nan], "collapsed": [False, False, True] * 2,
+                        "n": 6, "K": 4})
+    plots.plot_recovery(rec, [("routes", "routes"), ("T0.8", "samples, T=0.8")], tmp_path / "rec.png")
+    ax = drawn["rec.png"].axes[0]
+    dots = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    filled = sorted(y for ln in dots if ln.get_markerfacecolor() != "none" for y in ln.get_ydata())
+    hollow = sorted(y for ln in dots if ln.get_markerfacecolor() == "none" for y in ln.get_ydata())
+    assert filled == [-1.0, 0.1, 0.3, 0.5] and hollow == [2.0]  # NaN recovery (oracle = greedy) is not drawn
+    medians = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if len(ln.get_xdata()) == 2 and ln.get_linewidth() == 2.5)
+    assert medians == pytest.approx([-0.25, 0.2])  # routes: median(0.5, -1.0); the collapsed 2.0 is left out
+    assert "n = 6 per cell, K = 4" in ax.get_title()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["routes", "samples, T=0.8"]
+
+
+def test_plot_selection_gap(tmp_path, drawn):
+    sweep = pd.DataFrame({"model": "m", "task": ["a", "a", "b"], "T": [1.2, 0.4, 0.4], "n": 5, "K": 4,
+                          "selection_gap": [0.3, 0.1, 0.2], "selection_gap_lo": 0.0, "selection_gap_hi": 0.5})
+    plots.plot_selection_gap(sweep, tmp_path / "gap.png")
+    ax = drawn["gap.png"].axes[0]
+    a = line(ax, "m / a (n=5)")
+    assert list(a.get_xdata()) == [0.4, 1.2] and list(a.get_ydata()) == [0.1, 0.3]
+    assert list(line(ax, "m / b (n=5)").get_ydata()) == [0.2]
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 2
 
 
 def test_missing_columns_are_named(tmp_path):
     curve = reach_curve(RECS, n_boot=10).drop(columns=["lo"])
     with pytest.raises(ValueError, match=r"reach curve: table lacks columns \['lo'\]"):
-        plot_reach_curve(curve, tmp_path / "x.png", "x")
+        plots.plot_reach_curve(curve, tmp_path / "x.png", "x")
     with pytest.raises(ValueError, match="empty"):
-        plot_units(pd.DataFrame(columns=["case", "arm", "repair", "repair_lo", "repair_hi", "repair_n"]),
-                   tmp_path / "y.png")
+        plots.plot_units(pd.DataFrame(columns=["case", "arm", "repair", "repair_lo", "repair_hi", "repair_n"]),
+                         tmp_path / "y.png")
+    with pytest.raises(ValueError, match=r"recovery: table lacks columns \['collapsed'\]"):
+        plots.plot_recovery(pd.DataFrame({"probe": ["r"], "selector": ["v"], "recovery": [0.1], "n": [1], "K": [2]}),
+                            [("r", "r")], tmp_path / "z.png")

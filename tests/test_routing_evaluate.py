@@ -1,11 +1,14 @@
-"""Graded route candidates (RouteEvaluator) on a tiny model, and the routing experiment's arithmetic."""
+"""Graded route candidates (RouteEvaluator), the rows the routing and selection studies store (search_rows,
+random_route_candidates, router_rows, LearnedRouter) on a tiny model, and the routing analysis's arithmetic."""
 import numpy as np
 import pytest
 from conftest import make_tiny_model
 
 from reach_lens.probes import deploy
 from reach_lens.records import make_record
-from reach_lens.routing import MCTS, RandomSearch, RouteEvaluator, make_space, run_searches
+import reach_lens.routing.evaluate as evaluate
+from reach_lens.routing import (MCTS, LearnedRouter, RandomSearch, RouteEvaluator, RouterCell, analysis, make_space,
+                                random_route_candidates, router_rows, run_searches, search_rows)
 from reach_lens.select import majority_vote
 from reach_lens.tasks import get_task
 from reach_lens.tasks.mc import make_mc_question
@@ -57,7 +60,6 @@ def test_evaluator_memo_and_search_rewards(char_model, questions):
     arc = get_task("arc_easy")
     ev = RouteEvaluator(char_model, arc, questions, "shared", keep_hidden=False)
     generated = []
-    import reach_lens.routing.evaluate as evaluate
     inner = evaluate.route
 
     def counting(model, task, questions, fmt, routes, **kw):
@@ -79,51 +81,134 @@ def test_evaluator_memo_and_search_rewards(char_model, questions):
     assert record["K"] == 6 and record["d"] == cands[0]["correct"] and cands[0]["hidden"] is None
 
 
-# ---------------------------------------------------------------- experiments/routing.py arithmetic
+# ---------------------------------------------------------------- rows for the studies
 
 
-def load_routing_experiment():
-    import importlib.util
-    from pathlib import Path
+def test_search_rows_and_random_route_candidates_share_routes(char_model, questions):
+    arc = get_task("arc_easy")
+    rows = search_rows(char_model, arc, questions[:2], "shared", ["skip_repeat"], ["random", "mcts"], K=5, seed=3)
+    assert [r["question_id"] for r in rows] == ["q1", "q2"]
+    for row in rows:
+        traces = {t["method"]: t for t in row["searches"]}
+        assert set(traces) == {"random", "mcts"} and all(len(t["routes"]) == 5 for t in traces.values())
+        generated = {tuple(c["route"]) for c in row["candidates"]}
+        assert generated == {tuple(r) for t in traces.values() for r in t["routes"]}  # each route generated once
+        assert len(generated) == len(row["candidates"]) and all(c["hidden"] is None for c in row["candidates"]
+                                                                if "hidden" in c)
+        by_route = {tuple(c["route"]): c for c in row["candidates"]}
+        assert all(w == float(by_route[tuple(r)]["correct"]) for t in traces.values()
+                   for r, w in zip(t["routes"], t["rewards"]))
+    cands = random_route_candidates(char_model, arc, questions[:2], "shared", "skip_repeat", 5, seed=3)
+    for row, cs in zip(rows, cands):  # the selection study's route candidates are the routing study's random search
+        random = next(t for t in row["searches"] if t["method"] == "random")
+        assert [c["route"] for c in cs] == [list(r) for r in random["routes"]] and cs[0]["route"] == [0, 1, 2, 3]
+        assert len(cs[0]["hidden"]) == 32
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "routing.py"
-    spec = importlib.util.spec_from_file_location("routing_experiment", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def test_router_rows_generate_only_unknown_routes(char_model, questions, monkeypatch):
+    arc = get_task("arc_easy")
+    routes = {"q1": (0, 1, 2, 3), "q2": (0, 2, 3), "q3": (1, 1, 2, 3)}
+    known = {("q1", (0, 1, 2, 3)): {"answer": "Z", "correct": True}}  # a made-up known candidate is read, not regenerated
+    asked = []
+    inner = evaluate.route
+
+    def counting(model, task, qs, fmt, rs, **kw):
+        asked.extend((q.id, tuple(r[0])) for q, r in zip(qs, rs))
+        return inner(model, task, qs, fmt, rs, **kw)
+
+    monkeypatch.setattr(evaluate, "route", counting)
+    rows = router_rows(char_model, arc, questions, "shared", routes, known)
+    assert asked == [("q2", (0, 2, 3)), ("q3", (1, 1, 2, 3))]
+    assert [(r["question_id"], r["route"], r["generated"]) for r in rows] == [
+        ("q1", [0, 1, 2, 3], False), ("q2", [0, 2, 3], True), ("q3", [1, 1, 2, 3], True)]
+    assert (rows[0]["answer"], rows[0]["correct"]) == ("Z", True)
+    ev = RouteEvaluator(char_model, arc, questions, "shared", keep_hidden=False)
+    assert [rows[i]["correct"] for i in (1, 2)] == [ev.candidate(1, (0, 2, 3))["correct"],
+                                                    ev.candidate(2, (1, 1, 2, 3))["correct"]]
 
 
-def test_routing_experiment_oracle_vote_and_differences():
+def test_learned_router_fits_once_and_only_when_asked(char_model, questions, monkeypatch):
+    arc = get_task("arc_easy")
+    fits = []
+    inner = evaluate.cross_fit_router
+
+    def counting(*a, **k):
+        fits.append(1)
+        return inner(*a, **k)
+
+    monkeypatch.setattr(evaluate, "cross_fit_router", counting)
+    found = {q.id: [((0, 1, 2, 3), 1.0), ((0, 2, 3), float(i % 2))] for i, q in enumerate(questions)}
+    router = LearnedRouter(char_model, {"a": RouterCell(arc, questions[:2], {k: found[k] for k in ("q1", "q2")}, {}),
+                                        "b": RouterCell(arc, questions[2:], {"q3": found["q3"]}, {})}, "shared")
+    assert fits == []
+    rows = router.rows("a", questions[:1]) + router.rows("a", questions[1:2]) + router.rows("b", questions[2:])
+    assert fits == [1] and [r["question_id"] for r in rows] == ["q1", "q2", "q3"]
+    assert all(r["route"] == list(router.routes()[k][r["question_id"]]) for k, r in zip("aab", rows))
+
+
+# ---------------------------------------------------------------- routing analysis arithmetic
+
+
+def test_routing_analysis_oracle_vote_and_differences():
     import pandas as pd
 
-    exp = load_routing_experiment()
     full, a, b, c = (0, 1, 2), (0, 2), (1, 2), (0, 1)
     # question q1: full wrong ("A"), a right ("B"), b wrong ("C"), c wrong ("A"); gold B
     answers = {("q1", full): ("A", False), ("q1", a): ("B", True), ("q1", b): ("C", False), ("q1", c): ("A", False),
                ("q2", full): ("B", True), ("q2", a): (None, False), ("q2", b): ("B", True), ("q2", c): ("A", False)}
-    cands = pd.DataFrame([{"question_id": q, "route": list(r), "answer": ans, "correct": ok, "mean_logprob": -1.0,
-                           "length": 2} for (q, r), (ans, ok) in answers.items()])
-    cands["answer"] = pd.Series([ans for ans, _ in answers.values()], dtype=object)  # None stays None, as in RunStore
-    traces = pd.DataFrame([
-        {"question_id": "q1", "space": "skip", "method": "random", "rewards": [0.0, 0.0, 1.0, 0.0], "routes": [full, c, a, b]},
-        {"question_id": "q1", "space": "skip", "method": "mcts", "rewards": [0.0, 0.0], "routes": [full, b]},
-        {"question_id": "q2", "space": "skip", "method": "random", "rewards": [1.0, 0.0, 0.0, 1.0], "routes": [full, a, c, b]},
-        {"question_id": "q2", "space": "skip", "method": "mcts", "rewards": [1.0, 0.0], "routes": [full, c]},
+
+    def cands(q):
+        return [{"route": list(r), "answer": ans, "correct": ok, "mean_logprob": -1.0, "length": 2}
+                for (qq, r), (ans, ok) in answers.items() if qq == q]
+
+    def search(method, routes, rewards):
+        return {"space": "skip", "method": method, "seed": 0, "routes": [list(r) for r in routes], "rewards": rewards}
+
+    searches = pd.DataFrame([
+        {"question_id": "q2", "candidates": cands("q2"), "searches": [
+            search("random", [full, a, c, b], [1.0, 0.0, 0.0, 1.0]), search("mcts", [full, c], [1.0, 0.0])]},
+        {"question_id": "q1", "candidates": cands("q1"), "searches": [
+            search("random", [full, c, a, b], [0.0, 0.0, 1.0, 0.0]), search("mcts", [full, b], [0.0, 0.0])]},
     ])
-    pq = exp.per_question(traces, cands, K=4, n_layers=3)
-    assert pq["qids"] == ["q1", "q2"] and list(pq["D"]) == [0.0, 1.0]
+    router = pd.DataFrame({"question_id": ["q2", "q1"], "correct": [True, True]})
+    pq = analysis.per_question(searches, K=4, n_layers=3, router=router)
+    assert pq["qids"] == ["q1", "q2"] and list(pq["D"]) == [0.0, 1.0] and list(pq["router"]) == [1.0, 1.0]
     assert pq["oracle"][("skip", "random")].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     assert pq["oracle"][("skip", "mcts")].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]  # ended early: padded
     # q1 votes: A | A,A | A,A,B -> A | A,A,B,C -> A ; q2: B | B,None -> B | B,None,A -> tie B/A, first | B wins
     assert pq["vote"]["skip"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
     assert pq["format_failures"]["skip"] == 1 / 8
-    args = exp.parse_args(["--spaces", "skip", "--methods", "random", "mcts", "--K", "4", "--vote-k", "2",
-                           "--mcts-k", "2"])
-    pq["router"] = np.array([1.0, 1.0])  # the learned router's route answered both correctly
-    tables = exp.analyse({("embedded", "arc_easy"): pq}, args)
+    assert analysis.found_routes(searches, "skip")["q1"][:2] == [(full, 0.0), (c, 0.0)]
+
+    tables = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4, vote_k=2, mcts_k=2)
     diff = tables["random_minus_structured"].iloc[0]
     assert diff["diff"] == 0.5 and not diff["collapsed"]
     counts = tables["direction_counts"].iloc[0]
     assert (counts.random_better, counts.tie, counts.structured_better) == (1, 0, 0)
-    t1 = tables["table1"].set_index("task").loc["arc_easy"]
-    assert t1["learned_router_pp"] == 50.0 and t1["random_oracle@4_pp"] == 50.0 and t1["mcts_oracle@2_pp"] == 0.0 and t1["random_vote@2_pp"] == 0.0
+    t1 = tables["table1"].set_index("task")
+    row = t1.loc["arc_easy"]
+    assert row["learned_router_pp"] == 50.0 and row["random_oracle@4_pp"] == 50.0
+    assert row["mcts_oracle@2_pp"] == 0.0 and row["random_vote@2_pp"] == 0.0
+    assert list(t1.index) == ["arc_easy", analysis.POOLED] and analysis.POOLED == "all questions pooled"
+    curves = tables["oracle_curves"]
+    random_curve = curves[curves.series == "random"]
+    assert random_curve.value.tolist() == [0.5, 0.5, 1.0, 1.0] and (random_curve.lo <= random_curve.value).all()
+
+    # a collapsed cell (format failures above the threshold) is counted apart and left out of the clean counts
+    collapsed = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4,
+                                 collapse_threshold=0.1)
+    assert collapsed["random_minus_structured"].collapsed.all()
+    c = collapsed["direction_counts"].iloc[0]
+    assert (c.clean_cells, c.collapsed_cells, c.random_better) == (0, 1, 0)
+
+
+def test_table1_pools_every_question_of_a_model():
+    def cell(D, rand):
+        n = len(D)
+        return {"D": np.array(D, float), "router": np.array(D, float), "vote": {"skip": np.zeros((n, 4))},
+                "oracle": {("skip", "random"): np.tile(np.array(rand, float)[:, None], (1, 4))}}
+
+    cells = {("m", "a"): cell([0, 0], [1, 1]), ("m", "b"): cell([1, 1, 0, 0], [1, 1, 0, 0])}
+    t1 = analysis.table1(cells, "skip", ["random"], K=4, vote_k=2, mcts_k=2).set_index("task")
+    assert t1["random_oracle@4_pp"].to_dict() == pytest.approx({"a": 100.0, "b": 0.0, analysis.POOLED: 100 * 2 / 6})
+    assert t1.loc[analysis.POOLED, "n"] == 6  # pooled over questions, not the mean of the task columns

@@ -1,5 +1,7 @@
 """Action spaces and route searches on toy rewards (no model)."""
+import itertools
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -96,6 +98,83 @@ def test_random_route_edit_count_is_geometric():
     deleted = np.array([40 - len(space.random_route(rng)) for _ in range(3000)])
     assert abs(deleted.mean() - 3.0) < 0.15
     assert abs((deleted == 1).mean() - 1 / 3) < 0.03
+
+
+def all_routes(space):
+    """Every route of a small space, by brute force over all layer sequences up to the length cap."""
+    L = space.n_layers
+    return {p for m in range(1, 2 * L + 1) for p in itertools.product(range(L), repeat=m) if space.is_valid(p)}
+
+
+def segment_routes(L):
+    """Every segments route, independently of `Segments`: each cut of 0..L-1 into windows of 1-4 layers, each
+    skipped, kept or repeated, concatenated (distinct routes only)."""
+    def cuts(i):
+        if i == L:
+            yield []
+        for s in range(1, min(4, L - i) + 1):
+            for rest in cuts(i + s):
+                yield [tuple(range(i, i + s)), *rest]
+    return {r for parts in cuts(0) for modes in itertools.product((0, 1, 2), repeat=len(parts))
+            if (r := tuple(layer for part, m in zip(parts, modes) for layer in part * m))}
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_count_routes_is_the_number_of_valid_routes(name):
+    for L in (1, 2, 3):
+        assert make_space(name, L).count_routes() == len(all_routes(make_space(name, L)))
+    assert Segments(6).count_routes() == len(segment_routes(6))
+    assert (SkipOnly(30).count_routes(), SkipRepeat(2).count_routes()) == (2 ** 30 - 1, 2 + 3 + 4 + 5)
+
+
+@pytest.mark.parametrize("name, L", [("skip", 4), ("skip_repeat", 2), ("skip_repeat", 3), ("segments", 3),
+                                     ("segments", 5)])
+def test_uniform_routes_are_uniform_over_the_space(name, L):
+    """Chi-square goodness of fit of 100 draws per route against the uniform law over every route (found by
+    brute force): a fixed seed, so the test is deterministic; the geometric law fails the same test."""
+    from scipy.stats import chisquare
+
+    space = make_space(name, L)
+    routes = sorted(segment_routes(L) if name == "segments" else all_routes(space))
+    rng = random.Random(0)
+    n = 100 * len(routes)
+    uniform = Counter(space.draw_route(rng, "uniform") for _ in range(n))
+    assert set(uniform) == set(routes)  # every route drawn, nothing else
+    counts = [uniform[r] for r in routes]
+    assert chisquare(counts).pvalue > 1e-3
+    tv = 0.5 * sum(abs(c / n - 1 / len(routes)) for c in counts)
+    assert tv < 0.05
+    geometric = Counter(space.draw_route(rng, "geometric") for _ in range(n))
+    assert chisquare([geometric[r] for r in routes]).pvalue < 1e-6
+
+
+def test_uniform_routes_of_a_deep_space_are_far_from_the_full_path():
+    """Uniform skip/repeat routes of 30 layers: lengths concentrate near the cap 2L (most routes are long),
+    unlike geometric walks, which stay within a few edits of the full path."""
+    space, rng = SkipRepeat(30), random.Random(1)
+    lengths = np.array([len(space.uniform_route(rng)) for _ in range(500)])
+    assert lengths.min() >= 1 and lengths.max() <= 60 and lengths.mean() > 50
+    assert all(space.is_valid(space.uniform_route(rng)) for _ in range(50))
+
+
+def test_random_search_law():
+    space = SkipOnly(5)
+    trace = RandomSearch(space, 8, seed=2, law="uniform").run(lambda ps: [0.0] * len(ps))
+    assert trace.routes[0] == space.full_path and len(set(trace.routes)) == 8
+    assert trace.routes[1:] == _distinct_uniform(space, 7, random.Random(2), space.full_path)
+    with pytest.raises(ValueError, match="route law 'flat' unknown; valid: 'geometric', 'uniform'"):
+        RandomSearch(space, 8, seed=2, law="flat")
+    with pytest.raises(ValueError, match="route law 'flat' unknown"):
+        space.draw_route(random.Random(0), "flat")
+
+
+def _distinct_uniform(space, n, rng, full):
+    out = {}
+    while len(out) < n:
+        r = space.uniform_route(rng)
+        if r != full:
+            out[r] = None
+    return list(out)
 
 
 def test_bad_space_arguments():

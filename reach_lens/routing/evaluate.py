@@ -9,25 +9,28 @@ A candidate is a `records.candidate` dict: `text`, `answer`, `correct` (`task.gr
 `entropy`, `finish_reason`, `route` (list of layers) and `hidden` (the residual entering ln_final where the last
 token was produced, when `keep_hidden`).
 
-`learned_router_outcomes` grades the cross-fitted learned router's route of every question, generating only
-routes whose correctness is not already known and keeping them in a run store.
+Rows for the studies (library functions return rows; the experiments store them):
+- `search_rows`: every (action space, method) search of a chunk of questions, one row per question;
+- `random_route_candidates`: the random search's candidates of each question (selection's route probe);
+- `router_routes` (the cross-fitted learned router's route per question) and `router_rows` (its greedy answer
+  per question, generating only routes whose candidate is not already known); `LearnedRouter` composes the
+  two over the cells of one model, fitting only when a row is asked for.
 
 Every (question, route) pair is generated once per evaluator, whichever search or action space asks for it,
 so searches that share routes (all share the full path) share the cost. Rows of one call go through
 `probes.route` together: different questions and routes share decode batches and prompt prefixes.
 """
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from transformer_lens import HookedTransformer
 
 from reach_lens.hooks import validate_route
-from reach_lens.probes import prompt_ids, route
+from reach_lens.probes import prompt_ids, question_seed, route
+from reach_lens.routing.local import RandomSearch
 from reach_lens.routing.router import cross_fit_router
-from reach_lens.routing.search import BatchRewardFn
-from reach_lens.routing.spaces import Path
-from reach_lens.store import RunStore
+from reach_lens.routing.search import BatchRewardFn, Search, run_searches
+from reach_lens.routing.spaces import ActionSpace, Path, make_space
 from reach_lens.tasks import Question, Task
 
 
@@ -70,47 +73,128 @@ class RouteEvaluator:
         return reward
 
 
+def make_search(method: str, space: ActionSpace, K: int, seed: int, random_routes: str = "geometric") -> Search:
+    """A search of `method` ("random", "mcts", "hill_climb", "genetic") over `space` with budget K; `random_routes`
+    is the law of the random search's routes ("geometric" or "uniform"), the structured searches ignore it."""
+    from reach_lens.routing import METHODS
+
+    if method not in METHODS:
+        raise ValueError(f"search method {method!r} unknown; valid: {', '.join(map(repr, METHODS))}")
+    if method == "random":
+        return RandomSearch(space, K, seed, law=random_routes)
+    return METHODS[method](space, K, seed)
+
+
+def search_rows(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, spaces: Sequence[str],
+                methods: Sequence[str], K: int, seed: int, random_routes: str = "geometric",
+                batch_size: int = 16) -> list[dict]:
+    """Every (action space, method) search of every question, in lockstep (shared decode batches); one row per
+    question: ``question_id``, ``searches`` (per search: space, method, seed, routes, rewards, batch_sizes)
+    and ``candidates`` (every distinct route generated for the question, as candidate dicts without hidden
+    states). Search seeds are ``question_seed(seed, "id|space|method")``."""
+    ev = RouteEvaluator(model, task, questions, fmt, batch_size=batch_size, keep_hidden=False)
+    searches, meta = [], []
+    for i, q in enumerate(questions):
+        for space in spaces:
+            for method in methods:
+                s = question_seed(seed, f"{q.id}|{space}|{method}")
+                searches.append(make_search(method, make_space(space, model.cfg.n_layers), K, s, random_routes))
+                meta.append((i, {"space": space, "method": method, "seed": s}))
+    traces = run_searches(searches, ev.reward_fn([i for i, _ in meta]))
+    rows = [{"question_id": q.id, "searches": [], "candidates": []} for q in questions]
+    for (i, info), t in zip(meta, traces):
+        rows[i]["searches"].append({**info, "routes": [list(r) for r in t.routes], "rewards": list(t.rewards),
+                                    "batch_sizes": list(t.batch_sizes)})
+    for (i, _), c in ev.memo.items():
+        rows[i]["candidates"].append({k: v for k, v in c.items() if k != "hidden"})
+    return rows
+
+
+def random_route_candidates(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, space: str,
+                            K: int, seed: int, random_routes: str = "geometric", batch_size: int = 16,
+                            keep_hidden: bool = True) -> list[list[dict]]:
+    """Per question, the greedy candidates of the full path and K-1 distinct random routes of `space` (the random
+    search of `search_rows`, same seeds: the same routes as the routing study's random search)."""
+    ev = RouteEvaluator(model, task, questions, fmt, batch_size=batch_size, keep_hidden=keep_hidden)
+    searches = [make_search("random", make_space(space, model.cfg.n_layers), K,
+                            question_seed(seed, f"{q.id}|{space}|random"), random_routes) for q in questions]
+    traces = run_searches(searches, ev.reward_fn(list(range(len(questions)))))
+    return [[ev.candidate(i, r) for r in t.routes] for i, t in enumerate(traces)]
+
+
+def router_routes(model: HookedTransformer, cells: Mapping[Hashable, tuple[Task, Sequence[Question]]],
+                  found: Mapping[Hashable, Mapping[str, Sequence[tuple[Path, float]]]], fmt: str,
+                  seed: int = 0) -> dict[Hashable, dict[str, Path]]:
+    """The learned router's route of every question of every cell (`cells[key] = (task, questions)`),
+    cross-fitted over the questions of all cells pooled (`cross_fit_router`) and trained on the (route,
+    reward) pairs searched on the other folds' questions (`found[key][question id]`)."""
+    predicted = cross_fit_router(
+        model, {key: (prompt_ids(model, task, qs, fmt), [q.id for q in qs]) for key, (task, qs) in cells.items()},
+        {(key, qid): pairs for key, per_q in found.items() for qid, pairs in per_q.items()}, seed=seed)
+    return {key: {q.id: predicted[(key, q.id)] for q in qs} for key, (_, qs) in cells.items()}
+
+
+ROUTER_COLUMNS = ("question_id", "route", "answer", "correct", "generated")
+
+
+def router_rows(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
+                route_of: Mapping[str, Sequence[int]], known: Mapping[tuple[str, Path], Mapping] | None = None,
+                batch_size: int = 16) -> list[dict]:
+    """One row per question (`ROUTER_COLUMNS`): its router route (`route_of[question id]`), the greedy answer
+    under it and whether it is correct. A (question id, route) pair in `known` (candidate dicts, e.g. the
+    search's) is read from there; the others are generated here (``generated`` True)."""
+    known = known or {}
+    routes = {q.id: tuple(int(layer) for layer in route_of[q.id]) for q in questions}
+    todo = [q for q in questions if (q.id, routes[q.id]) not in known]
+    made = {}
+    if todo:
+        cands = route(model, task, todo, fmt, [[routes[q.id]] for q in todo], batch_size=batch_size)
+        made = {(q.id, routes[q.id]): cs[0] for q, cs in zip(todo, cands)}
+    rows = []
+    for q in questions:
+        key = (q.id, routes[q.id])
+        c = made.get(key) or known[key]
+        rows.append({"question_id": q.id, "route": list(key[1]), "answer": c["answer"], "correct": bool(c["correct"]),
+                     "generated": key in made})
+    return rows
+
+
+def known_candidates(candidates: Iterable[Sequence[Mapping]], question_ids: Iterable[str]) -> dict[tuple[str, Path], Mapping]:
+    """{(question id, route): candidate} from per-question candidate lists (each candidate with its ``route``)."""
+    return {(qid, tuple(int(layer) for layer in c["route"])): c
+            for qid, cands in zip(question_ids, candidates) for c in cands}
+
+
 @dataclass
 class RouterCell:
-    """One cell (e.g. a task) of `learned_router_outcomes`: its questions, the (route, reward) pairs searched
-    on each (training data, by question id), the correctness of routes already generated
-    (`known[(question id, route)]`, default: from `found`), and the store whose `router` table keeps the
-    routes generated here."""
+    """One cell (e.g. a task) of a `LearnedRouter`: its questions, the (route, reward) pairs searched on each
+    (training data, by question id) and the candidates already generated (`known_candidates`)."""
 
     task: Task
     questions: Sequence[Question]
     found: Mapping[str, Sequence[tuple[Path, float]]]
-    store: RunStore
-    known: Optional[Mapping[tuple[str, Path], bool]] = None
+    known: Mapping[tuple[str, Path], Mapping]
 
 
-def learned_router_outcomes(model: HookedTransformer, cells: Mapping[Hashable, RouterCell], fmt: str, seed: int = 0,
-                            batch_size: int = 32) -> dict[Hashable, dict[str, tuple[Path, bool]]]:
-    """(predicted route, correct) per question of each cell, from a learned router cross-fitted over the
-    questions of all cells pooled (`cross_fit_router`). A route whose correctness is known (from the cell,
-    or from its store's `router` table) is not generated again; the others are generated greedily, graded,
-    and appended to the `router` table, so a rerun generates nothing."""
-    known: dict[tuple[Hashable, str, Path], bool] = {}
-    for key, cell in cells.items():
-        given = cell.known if cell.known is not None else {
-            (qid, tuple(r)): float(w) >= 1.0 for qid, pairs in cell.found.items() for r, w in pairs}
-        known.update({(key, qid, tuple(r)): bool(c) for (qid, r), c in given.items()})
-        stored = cell.store.read("router", key=None)
-        if len(stored):
-            known.update({(key, qid, tuple(r)): bool(c)
-                          for qid, r, c in zip(stored.question_id, stored.route, stored.correct)})
-    predicted = cross_fit_router(
-        model, {key: (prompt_ids(model, c.task, c.questions, fmt), [q.id for q in c.questions]) for key, c in cells.items()},
-        {(key, qid): pairs for key, c in cells.items() for qid, pairs in c.found.items()}, seed=seed)
-    out = {}
-    for key, cell in cells.items():
-        route_of = {q.id: predicted[(key, q.id)] for q in cell.questions}
-        todo = [(i, route_of[q.id]) for i, q in enumerate(cell.questions) if (key, q.id, route_of[q.id]) not in known]
-        if todo:
-            ev = RouteEvaluator(model, cell.task, cell.questions, fmt, batch_size=batch_size, keep_hidden=False)
-            rows = [{"question_id": cell.questions[i].id, **{k: v for k, v in c.items() if k != "hidden"}}
-                    for (i, _), c in zip(todo, ev.evaluate(todo))]
-            cell.store.append("router", rows)
-            known.update({(key, r["question_id"], tuple(r["route"])): r["correct"] for r in rows})
-        out[key] = {qid: (route, known[(key, qid, route)]) for qid, route in route_of.items()}
-    return out
+class LearnedRouter:
+    """`router_rows` of the questions of several cells, from one cross-fitted router over all of them
+    (`router_routes`), fitted once, on the first call of `rows` (a rerun that finds every row stored fits nothing).
+
+        router = LearnedRouter(model, {"arc_easy": RouterCell(task, questions, found, known)}, "native")
+        rows = router.rows("arc_easy", questions[:5])
+    """
+
+    def __init__(self, model: HookedTransformer, cells: Mapping[Hashable, RouterCell], fmt: str, seed: int = 0,
+                 batch_size: int = 16):
+        self.model, self.cells, self.fmt, self.seed, self.batch_size = model, dict(cells), fmt, seed, batch_size
+        self._routes: dict[Hashable, dict[str, Path]] | None = None
+
+    def routes(self) -> dict[Hashable, dict[str, Path]]:
+        if self._routes is None:
+            self._routes = router_routes(self.model, {k: (c.task, c.questions) for k, c in self.cells.items()},
+                                         {k: c.found for k, c in self.cells.items()}, self.fmt, seed=self.seed)
+        return self._routes
+
+    def rows(self, key: Hashable, questions: Sequence[Question]) -> list[dict]:
+        cell = self.cells[key]
+        return router_rows(self.model, cell.task, questions, self.fmt, self.routes()[key], cell.known, self.batch_size)

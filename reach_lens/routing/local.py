@@ -7,17 +7,31 @@ import random
 from typing import Iterator, Optional
 
 from reach_lens.routing.search import Search, distinct_random_routes
-from reach_lens.routing.spaces import ActionSpace, Path
+from reach_lens.routing.spaces import ROUTE_LAWS, ActionSpace, Path
 
 
 class RandomSearch(Search):
-    """The full path, then K-1 distinct draws of `space.random_route` (one batch)."""
+    """The full path, then K-1 distinct draws of `space.draw_route(rng, law)` (one batch): `law` "geometric"
+    (random walks of a geometric number of edits from the full path) or "uniform" (uniform over the space's
+    routes); see `routing.spaces`. Draws equal to a route already drawn are redrawn (at most 100 K draws)."""
 
     name = "random"
 
+    def __init__(self, space: ActionSpace, K: int, seed: int, law: str = "geometric"):
+        super().__init__(space, K, seed)
+        if law not in ROUTE_LAWS:
+            raise ValueError(f"route law {law!r} unknown; valid: {', '.join(map(repr, ROUTE_LAWS))}")
+        self.law = law
+
     def _propose(self) -> Iterator[list[Path]]:
-        full = self.space.full_path
-        yield [full] + distinct_random_routes(self.space, self.K - 1, self.rng, {full}, max_draws=100 * self.K)
+        full, out = self.space.full_path, {}
+        for _ in range(100 * self.K):
+            if len(out) >= self.K - 1:
+                break
+            route = self.space.draw_route(self.rng, self.law)
+            if route != full:
+                out[route] = None
+        yield [full, *out]
 
 
 class HillClimb(Search):

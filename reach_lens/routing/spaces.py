@@ -11,11 +11,28 @@ routes one forward edit away, in a fixed order (so seeded searches are reproduci
   kept, or repeated x2 (the segment runs twice: l..m, l..m). A forward edit skips or repeats one window
   of 1-4 consecutive layers that the route currently runs exactly once, in order.
 
-`random_route(rng)` draws the number of edits E from a geometric law on {1, 2, ...} with mean
-`mean_edits` (P(E=e) = q(1-q)^(e-1), q = 1/mean_edits) and applies E edits, each drawn uniformly from
-the current route's neighbours, starting at the full path; so random routes are random walks of the
-same edits the structured searches use, mostly close to the full path (E=1 with probability q).
+Two laws of random routes (`draw_route(rng, law)`, `law` in `ROUTE_LAWS`):
+
+- ``"geometric"`` (`random_route`): the number of edits E is geometric on {1, 2, ...} with mean
+  `mean_edits` (P(E=e) = q(1-q)^(e-1), q = 1/mean_edits), and E edits, each drawn uniformly from the
+  current route's neighbours, are applied to the full path: random walks of the same edits the structured
+  searches use, mostly close to the full path (E=1 with probability q).
+- ``"uniform"`` (`uniform_route`): exactly uniform over every route of the space (all of them have length
+  <= 2L, the length cap), drawn from a counted description of the space with exact integer arithmetic:
+  * skip: a uniform subset of the L layers (each in or out with probability 1/2), redrawn while empty;
+  * skip/repeat: a route is a vector of run counts c_0..c_{L-1} >= 0 with 1 <= m = sum c_l <= 2L (the
+    route runs layer l c_l times, in layer order). There are C(m+L-1, L-1) vectors of sum m; m is drawn
+    with probability proportional to that count, then a uniform vector of sum m by stars and bars (L-1
+    bar positions drawn uniformly among m+L-1 slots);
+  * segments: a route is, one to one, a set of disjoint *repeated* windows of 1-4 consecutive layers plus a
+    skip/keep choice for every other layer (adjacent kept or skipped segments merge into the same route;
+    a repeated window l..m shows as the only descent m -> l, so the windows can be read back from the
+    route). With f(i) the number of such descriptions of layers i..L-1, f(L) = 1 and
+    f(i) = 2 f(i+1) + sum_{s=1..4, i+s<=L} f(i+s); a description is drawn layer by layer with those
+    weights, redrawn when it skips every layer (the empty route).
+  `count_routes()` gives each space's number of routes.
 """
+import math
 import operator
 import random
 from abc import ABC, abstractmethod
@@ -25,6 +42,7 @@ from typing import ClassVar, Sequence
 Path = tuple[int, ...]
 
 MAX_SEGMENT = 4
+ROUTE_LAWS = ("geometric", "uniform")
 
 
 def _dedupe(paths: list[Path]) -> list[Path]:
@@ -85,6 +103,22 @@ class ActionSpace(ABC):
             path = options[rng.randrange(len(options))]
         return path
 
+    @abstractmethod
+    def uniform_route(self, rng: random.Random) -> Path:
+        """A route drawn uniformly from every route of this space (module docstring)."""
+
+    @abstractmethod
+    def count_routes(self) -> int:
+        """How many routes this space holds."""
+
+    def draw_route(self, rng: random.Random, law: str = "geometric") -> Path:
+        """A random route under `law`: "geometric" (`random_route`) or "uniform" (`uniform_route`)."""
+        if law == "geometric":
+            return self.random_route(rng)
+        if law == "uniform":
+            return self.uniform_route(rng)
+        raise ValueError(f"route law {law!r} unknown; valid: {', '.join(map(repr, ROUTE_LAWS))}")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n_layers={self.n_layers}, mean_edits={self.mean_edits})"
 
@@ -103,6 +137,15 @@ class SkipOnly(ActionSpace):
             return []
         return [path[:i] + path[i + 1:] for i in range(len(path))]
 
+    def uniform_route(self, rng: random.Random) -> Path:
+        while True:
+            bits = rng.getrandbits(self.n_layers)
+            if bits:
+                return tuple(l for l in range(self.n_layers) if bits >> l & 1)
+
+    def count_routes(self) -> int:
+        return 2 ** self.n_layers - 1
+
 
 class SkipRepeat(ActionSpace):
     """Dr.LLM's edits: delete 1 or 2 consecutive positions, or repeat one position; length <= 2L."""
@@ -119,6 +162,28 @@ class SkipRepeat(ActionSpace):
         out += [path[:i] + path[i + 2:] for i in range(n - 1)] if n > 2 else []
         out += [path[:i + 1] + path[i:] for i in range(n)] if n < self.max_len else []
         return _dedupe(out)
+
+    def _per_length(self) -> list[int]:
+        """Routes of length m = 1..max_len: C(m + L - 1, L - 1) run-count vectors of sum m."""
+        L = self.n_layers
+        return [math.comb(m + L - 1, L - 1) for m in range(1, self.max_len + 1)]
+
+    def uniform_route(self, rng: random.Random) -> Path:
+        L, counts = self.n_layers, self._per_length()
+        u = rng.randrange(sum(counts))
+        m = 1
+        for c in counts:
+            if u < c:
+                break
+            u -= c
+            m += 1
+        bars = sorted(rng.sample(range(m + L - 1), L - 1))
+        edges = [-1, *bars, m + L - 1]
+        runs = [b - a - 1 for a, b in zip(edges, edges[1:])]  # L run counts summing to m
+        return tuple(l for l, r in enumerate(runs) for _ in range(r))
+
+    def count_routes(self) -> int:
+        return sum(self._per_length())
 
 
 class Segments(ActionSpace):
@@ -146,6 +211,42 @@ class Segments(ActionSpace):
                     out.append(path[:i] + path[i + s:])
                 out.append(path[:i + s] + window + path[i + s:])
         return _dedupe(out)
+
+    def _descriptions(self) -> list[int]:
+        """f[i] = descriptions of layers i..L-1 (module docstring), f[L] = 1."""
+        L = self.n_layers
+        f = [0] * L + [1]
+        for i in range(L - 1, -1, -1):
+            f[i] = 2 * f[i + 1] + sum(f[i + s] for s in range(1, min(MAX_SEGMENT, L - i) + 1))
+        return f
+
+    def uniform_route(self, rng: random.Random) -> Path:
+        L, f = self.n_layers, self._descriptions()
+        while True:
+            route: list[int] = []
+            i = 0
+            while i < L:
+                u = rng.randrange(f[i])
+                if u < f[i + 1]:  # skip layer i
+                    i += 1
+                    continue
+                u -= f[i + 1]
+                if u < f[i + 1]:  # keep layer i
+                    route.append(i)
+                    i += 1
+                    continue
+                u -= f[i + 1]
+                for s in range(1, min(MAX_SEGMENT, L - i) + 1):  # repeat window i..i+s-1
+                    if u < f[i + s]:
+                        route += list(range(i, i + s)) * 2
+                        i += s
+                        break
+                    u -= f[i + s]
+            if route:
+                return tuple(route)
+
+    def count_routes(self) -> int:
+        return self._descriptions()[0] - 1  # every description but the one that skips every layer
 
 
 @lru_cache(maxsize=65536)

@@ -1,0 +1,201 @@
+"""What the routing and selection studies compute from their stored rows: oracle curves over k, random minus
+structured search, Table 1, and answer-blind recovery per cell with format-collapse flags.
+
+    pq = per_question(search_table, K, n_layers)           # one cell (model, task): arrays per question
+    tables = analyse({("embedded", "arc_easy"): pq}, spaces, methods, K, vote_k=16, mcts_k=50)
+    rec = recovery_rows(records, SELECTORS, collapse_threshold=0.5)   # one cell of the selection study
+
+Every number from the search traces is an oracle (the reward is greedy correctness, known only with the gold
+answer), except the random-route majority vote and the learned router.
+
+Table 1's pooled row ("all questions pooled") is the mean over every question of the model's task columns
+together. The paper's pool column is defined differently: its value exceeds every one of its task columns,
+which no average of those columns can do, so the two are not comparable.
+
+Format collapse: a cell whose candidates (random-route candidates of the space, or a selection probe's
+candidates) fail answer extraction more often than ``collapse_threshold`` is flagged ``collapsed``; it stays
+in the tables and is left out of the clean counts and medians (the figures draw it hollow).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from reach_lens.audit import bootstrap_ci, curve_band
+from reach_lens.select import majority_vote, recovery, recovery_table
+
+TABLE1_SPACE = "skip_repeat"
+POOLED = "all questions pooled"
+ROUTER = "learned_router"
+TIE = 1e-12
+
+
+# ---------------------------------------------------------------- routing
+
+
+def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataFrame | None = None) -> dict:
+    """Arrays of one cell from its ``searches`` table (`routing.search_rows`: question_id, searches, candidates)
+    and, optionally, its learned router's table (`routing.router_rows`: question_id, correct).
+
+    Keys: ``qids`` (sorted), ``D`` [n] (the full path's greedy correctness), ``oracle[(space, method)]`` [n, K]
+    (max reward among the first k routes; a search that ended early keeps its last value), ``vote[space]`` [n, K]
+    (majority vote over the first k random routes, correct or not), ``format_failures[space]`` (share of the
+    random routes' candidates without an extractable answer) and, with ``router``, ``router`` [n] (its
+    route's greedy correctness).
+    """
+    rows = searches.set_index("question_id").sort_index()
+    full = tuple(range(n_layers))
+    out: dict = {"qids": list(rows.index), "oracle": {}, "vote": {}, "format_failures": {}}
+    by_route = [{tuple(c["route"]): c for c in cands} for cands in rows.candidates]
+    out["D"] = np.array([float(c[full]["correct"]) for c in by_route])
+    failures: dict[str, list[bool]] = {}
+    for i, traces in enumerate(rows.searches):
+        for t in traces:
+            key = (t["space"], t["method"])
+            o = out["oracle"].setdefault(key, np.zeros((len(rows), K)))
+            acc = np.maximum.accumulate(np.asarray(t["rewards"], dtype=float))[:K]
+            o[i] = np.concatenate([acc, np.full(K - len(acc), acc[-1])])
+            if t["method"] == "random":
+                cands = [by_route[i][tuple(r)] for r in t["routes"]]
+                failures.setdefault(t["space"], []).extend(c["answer"] is None for c in cands)
+                vote = out["vote"].setdefault(t["space"], np.zeros((len(rows), K)))
+                picks = [float(cands[majority_vote(cands[:k])]["correct"]) for k in range(1, len(cands) + 1)]
+                vote[i] = picks + [picks[-1]] * (K - len(picks))
+    out["format_failures"] = {space: float(np.mean(f)) for space, f in failures.items()}
+    if router is not None:
+        out["router"] = router.set_index("question_id").loc[out["qids"], "correct"].to_numpy(dtype=float)
+    return out
+
+
+def found_routes(searches: pd.DataFrame, space: str) -> dict[str, list[tuple[tuple[int, ...], float]]]:
+    """(route, reward) pairs of every search in ``space`` per question of a ``searches`` table (router training data)."""
+    return {row.question_id: [(tuple(r), float(w)) for s in row.searches if s["space"] == space
+                              for r, w in zip(s["routes"], s["rewards"])] for row in searches.itertuples()}
+
+
+def found_in(records: pd.DataFrame) -> dict[str, list[tuple[tuple[int, ...], float]]]:
+    """(route, correct) pairs of every route candidate per question of a record table (router training data)."""
+    return {qid: [(tuple(c["route"]), float(c["correct"])) for c in cands]
+            for qid, cands in zip(records.question_id, records.candidates)}
+
+
+def table1_space(spaces: Sequence[str]) -> str:
+    """The action space of Table 1: Dr.LLM's skip/repeat when searched, else the first space."""
+    return TABLE1_SPACE if TABLE1_SPACE in spaces else spaces[0]
+
+
+def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], methods: Sequence[str], K: int,
+            vote_k: int = 16, mcts_k: int = 50, collapse_threshold: float = 0.5, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The routing study's tables from its cells (``cells[(model, task)] = per_question(...)``, with ``router``
+    [n] added for Table 1): ``oracle_curves``, ``random_minus_structured``, ``direction_counts``, ``table1``."""
+    curves, diffs = [], []
+    for (model, task), pq in cells.items():
+        n = len(pq["qids"])
+        for space in spaces:
+            rate = pq["format_failures"][space]
+            flags = {"collapsed": rate > collapse_threshold, "format_failure_rate": rate}
+            series = {**{m: pq["oracle"][(space, m)] for m in methods}, "random vote": pq["vote"][space]}
+            for name, values in series.items():
+                mean, lo, hi = curve_band(values, seed=seed)
+                curves.append(pd.DataFrame({"model": model, "task": task, "space": space, "series": name,
+                                            "k": np.arange(1, K + 1), "value": mean, "lo": lo, "hi": hi, "n": n,
+                                            "K": K, "D": pq["D"].mean(), **flags}))
+            random_k = pq["oracle"][(space, "random")][:, -1]
+            for method in [m for m in methods if m != "random"]:
+                structured = pq["oracle"][(space, method)][:, -1]
+                lo, hi = bootstrap_ci(random_k - structured, seed=seed)
+                diffs.append({"model": model, "task": task, "space": space, "method": method, "n": n, "K": K,
+                              "random_oracle": random_k.mean(), "structured_oracle": structured.mean(),
+                              "diff": (random_k - structured).mean(), "diff_lo": lo, "diff_hi": hi, **flags})
+    diffs_df = pd.DataFrame(diffs)
+    return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
+            "direction_counts": direction_counts(diffs_df),
+            "table1": table1(cells, table1_space(spaces), methods, K, vote_k, mcts_k)}
+
+
+def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
+    """Per (space, method): clean cells where random is better / tied / worse, collapsed cells, median difference."""
+    rows = []
+    for (space, method), g in (diffs.groupby(["space", "method"]) if len(diffs) else []):
+        clean = g[~g.collapsed.astype(bool)]
+        rows.append({"space": space, "method": method, "clean_cells": len(clean),
+                     "random_better": int((clean["diff"] > TIE).sum()), "tie": int((clean["diff"].abs() <= TIE).sum()),
+                     "structured_better": int((clean["diff"] < -TIE).sum()), "collapsed_cells": int(g.collapsed.sum()),
+                     "median_diff_clean": float(clean["diff"].median()) if len(clean) else float("nan")})
+    return pd.DataFrame(rows, columns=["space", "method", "clean_cells", "random_better", "tie", "structured_better",
+                                       "collapsed_cells", "median_diff_clean"])
+
+
+def table1(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[str], K: int, vote_k: int,
+           mcts_k: int) -> pd.DataFrame:
+    """Percentage points over the unmodified model, per (model, task) and over all of a model's questions pooled
+    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle@mcts_k, random oracle@K."""
+    vote_k, mcts_k = min(vote_k, K), min(mcts_k, K)
+    rows = []
+    for model in dict.fromkeys(m for m, _ in cells):
+        values = {task: {"D": pq["D"], "router": pq["router"], "vote": pq["vote"][space][:, vote_k - 1],
+                         "random": pq["oracle"][(space, "random")][:, -1],
+                         "mcts": pq["oracle"][(space, "mcts")][:, mcts_k - 1] if "mcts" in methods else None}
+                  for (m, task), pq in cells.items() if m == model}
+        values[POOLED] = {key: None if any(v[key] is None for v in values.values())
+                          else np.concatenate([v[key] for v in values.values()]) for key in next(iter(values.values()))}
+        for task, v in values.items():
+            D = v["D"]
+            rows.append({"model": model, "task": task, "space": space, "n": len(D), "D": float(D.mean()),
+                         "learned_router_pp": _pp(v["router"], D), f"random_vote@{vote_k}_pp": _pp(v["vote"], D),
+                         f"mcts_oracle@{mcts_k}_pp": _pp(v["mcts"], D), f"random_oracle@{K}_pp": _pp(v["random"], D)})
+    return pd.DataFrame(rows)
+
+
+def _pp(x: np.ndarray | None, D: np.ndarray) -> float:
+    return float("nan") if x is None else 100.0 * float(np.mean(x - D))
+
+
+# ---------------------------------------------------------------- selection
+
+
+def format_failure_rate(records: pd.DataFrame) -> float:
+    """Share of all candidates of a record table without an extractable answer."""
+    return float(records["format_failures"].sum() / records["K"].sum())
+
+
+def recovery_rows(records: pd.DataFrame, selectors: Mapping, collapse_threshold: float = 0.5) -> pd.DataFrame:
+    """`select.recovery_table` of one cell's records, with the cell's ``format_failure_rate`` and ``collapsed``
+    (that rate above ``collapse_threshold``)."""
+    rate = format_failure_rate(records)
+    return recovery_table(records, selectors).assign(format_failure_rate=rate, collapsed=rate > collapse_threshold)
+
+
+def router_recovery_row(records: pd.DataFrame, router: pd.DataFrame, collapse_threshold: float = 0.5) -> dict:
+    """The learned router's recovery row for one cell's route records, from its `routing.router_rows` table
+    (``question_id``, ``correct``): its accuracy may exceed the oracle (its route need not be a candidate)."""
+    correct = router.set_index("question_id").loc[records.question_id, "correct"].astype(float)
+    greedy, oracle, acc = float(records.d.mean()), float(records.o.mean()), float(correct.mean())
+    rate = format_failure_rate(records)
+    return {"selector": ROUTER, "n": len(records), "K": int(records.K.iloc[0]), "greedy": greedy, "oracle": oracle,
+            "selector_acc": acc, "recovery": recovery(acc, greedy, oracle), "format_failure_rate": rate,
+            "collapsed": rate > collapse_threshold}
+
+
+def cell_recovery(tables: Mapping[str, pd.DataFrame], router: pd.DataFrame | None, selectors: Mapping,
+                  collapse_threshold: float = 0.5, route_probe: str = "routes") -> pd.DataFrame:
+    """Recovery rows of one cell's probes (``tables[probe]`` = its records; column ``probe``), with the learned
+    router's row (`router_recovery_row`) added to ``route_probe`` when ``router`` is given."""
+    rows = [recovery_rows(records, selectors, collapse_threshold).assign(probe=probe) for probe, records in tables.items()]
+    if router is not None:
+        rows.append(pd.DataFrame([{**router_recovery_row(tables[route_probe], router, collapse_threshold),
+                                   "probe": route_probe}]))
+    return pd.concat(rows, ignore_index=True)
+
+
+def recovery_summary(rec: pd.DataFrame) -> pd.DataFrame:
+    """Per (probe, selector): median recovery over the clean cells where it is defined (oracle > greedy), and
+    how many cells are clean-and-defined and collapsed."""
+    rows = []
+    for (probe, selector), g in rec.groupby(["probe", "selector"], sort=False):
+        clean = g[~g.collapsed.astype(bool)].recovery.dropna()
+        rows.append({"probe": probe, "selector": selector, "median": float(clean.median()) if len(clean) else np.nan,
+                     "cells_defined": len(clean), "collapsed_cells": int(g.collapsed.astype(bool).sum())})
+    return pd.DataFrame(rows)
