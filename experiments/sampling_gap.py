@@ -1,15 +1,18 @@
-"""The sampling gap: deployed (greedy) vs majority vote@K vs oracle@K (the paper's Table 2 and Figure 3b).
+"""The sampling gap: deployed (greedy) vs majority vote@K vs oracle@K, per model x task cell (the paper's Table 2
+and Figure 3b).
 
-    python experiments/sampling_gap.py                                    # embedded model, ARC-Easy, n=100, K=8
-    python experiments/sampling_gap.py --task gsm8k --source ../shared/data/gsm8k/test.jsonl --n 50
-    python experiments/sampling_gap.py --temperatures 0.2 0.5 0.8 1.1 --K 16
+    python experiments/sampling_gap.py                     # embedded model x ARC-Easy and basic arithmetic, n=100, K=8
+    python experiments/sampling_gap.py --tasks gsm8k --source ../shared/data/gsm8k/test.jsonl --n 50
+    python experiments/sampling_gap.py --models Qwen/Qwen2.5-0.5B-Instruct /path/to/ckpt --tasks arc_challenge
+    python experiments/sampling_gap.py --tasks arc_easy --temperatures 0.2 0.5 0.8 1.1 --K 16
 
-The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
-selector. Samples come from `probes.sample` with the study seed, so every study draws the same samples of a
-question at a given T. Runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (deployed/, T<T>/);
-the table (table.csv, at --T), the sweep over --temperatures (temperature_sweep.csv) and the reach curve
-(reach_curve.csv) go to a summary-T<T>-<hash>/ directory there, named by the protocols they come from, with
-the figures, which are also copied to --figures.
+Each cell's runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (deployed/, T<T>/), with its table at
+--T, the sweep over --temperatures and the reach curve in a summary-T<T>-<hash>/ directory named by the protocols
+they come from. Table 2 (table2.csv: every cell's D, vote@K, O_K and gaps with 95% intervals, and for multiple
+choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against) and its figure go to
+<out>/summary-table2-<hash>/ and --figures. The oracle uses the gold answer after generation: a diagnostic of what
+is reachable, never a deployable selector. Samples come from `probes.sample` with the study seed, so every study
+draws the same samples of a question at a given T.
 """
 from __future__ import annotations
 
@@ -27,34 +30,36 @@ from reach_lens.tasks import get_task
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.data(n=100, chunk=10, task="arc_easy")],
+    p = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"),
+                                         cli.data(n=100, chunk=10, tasks=["arc_easy", "basic_arithmetic"])],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=[None], metavar="MODEL",
+                   help="model names or paths, one Table 2 row per model x task (default: the embedded model)")
     p.add_argument("--K", type=cli.positive_int, default=8, help="samples per question")
     p.add_argument("--T", type=cli.positive_float, default=0.8, help="temperature of the main table")
     p.add_argument("--temperatures", type=cli.positive_float, nargs="+", default=[0.4, 0.8, 1.2],
                    help="temperatures of the sweep figure (the main T is always included)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.source is not None and len(args.tasks) > 1:
+        p.error(f"--source {args.source!r} names one data source for {len(args.tasks)} tasks: give one --tasks with it")
+    return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cli.setup(args)
-    say, started = cli.say("sampling_gap"), time.time()
-    task = get_task(args.task)
-    questions = cli.questions(task, args.source, args.split, args.n, args.seed)
-    model = cli.load(args)
+def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
+    """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row."""
     name = model.cfg.model_name
     deploy = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, source=args.source,
                          split=args.split, seed=args.seed, fmt=args.fmt, probe="deploy")
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
-    run = args.out / f"{name}-{args.task}-n{len(questions)}-K{args.K}-s{args.seed}"
+    tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
+    run = args.out / tag
 
     def deployed_rows(part):
         return [{"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, args.fmt,
                                                                                 batch_size=args.batch_size))]
 
     deployed = cli.resume(RunStore(run / "deployed", deploy), "deployed", questions, args.chunk, deployed_rows,
-                          desc="greedy deployment").set_index("question_id")
+                          desc=f"greedy deployment ({task.name})").set_index("question_id")
 
     def records_at(T, part):
         cands = probes.sample(model, task, part, args.fmt, K=args.K, temperature=T, seed=args.seed,
@@ -63,31 +68,55 @@ def main(argv=None) -> int:
                 for q, cs in zip(part, cands)]
 
     records = {T: cli.resume(RunStore(run / f"T{T:g}", p), "records", questions, args.chunk,
-                             lambda part, T=T: records_at(T, part), desc=f"sampling K={args.K} at T={T:g}")
+                             lambda part, T=T: records_at(T, part), desc=f"sampling {task.name}, K={args.K}, T={T:g}")
                for T, p in sample.items()}
     sweep = audit.temperature_sweep(records, seed=args.seed)
     r = sweep[sweep["T"] == args.T].iloc[0]
-    table = pd.DataFrame([{"model": name, "task": args.task, "T": args.T, **audit.gap_table_row(r)}])
+    row = {"model": name, "task": task.name, "T": args.T, **audit.gap_table_row(r)}
+    if task.kind == "mc":
+        row["guess_deployed"], row["guess_oracle"] = audit.guessing_floor([len(q.options) for q in questions], args.K)
     curve = audit.reach_curve(records[args.T], seed=args.seed)
-
     out = cli.summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
-    for file, df in (("table", table), ("temperature_sweep", sweep), ("reach_curve", curve)):
+    for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
         df.to_csv(out / f"{file}.csv", index=False)
-    tag = f"{name}-{args.task}-n{len(questions)}-K{args.K}-s{args.seed}"
     cli.publish(args.figures,
                 plots.plot_reach_curve(curve, out / f"sampling_gap_reach_{tag}-T{args.T:g}.png",
-                                       title=f"reach@k, {name} on {args.task}, T={args.T:g}", deployed=r.D, vote=r.vote),
+                                       title=f"reach@k, {name} on {task.name}, T={args.T:g}", deployed=r.D, vote=r.vote),
                 plots.plot_temperature_gap(sweep, out / f"sampling_gap_temperature_{tag}.png",
-                                           title=f"Selection gap vs T, {name} on {args.task}"))
+                                           title=f"Selection gap vs T, {name} on {task.name}"))
+    say(f"{name} x {task.name}: tables in {out}")
+    return row, [deploy, *sample.values()]
 
-    say(f"{name} on {args.task}, n={int(r.n)}, K={int(r.K)}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap)")
-    print("| deployed D | vote@K | oracle@K | gap O-D | gap O-vote | format failures |\n|---|---|---|---|---|---|")
-    print(" | ".join(["", *(f"{r[k]:{f}} [{r[k + '_lo']:{f}}, {r[k + '_hi']:{f}}]" for k, f in
-                           (("D", ".1%"), ("vote", ".1%"), ("O", ".1%"), ("gap", "+.1%"), ("selection_gap", "+.1%"))),
-                     f"{r.format_failure_rate:.1%}", ""]).strip())
-    say("temperature sweep (oracle - vote): "
-        + ", ".join(f"T={t:g}: {g:+.1%}" for t, g in zip(sweep["T"], sweep.selection_gap)))
-    say(f"{(time.time() - started) / 60:.1f} min; tables and figures in {out}, figures also in {args.figures}")
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cli.setup(args)
+    say, started = cli.say("sampling_gap"), time.time()
+    tasks = [get_task(t) for t in args.tasks]
+    question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
+    rows, protocols = [], []
+    for model_name in args.models:
+        model = cli.load(args, model_name)
+        for task, questions in zip(tasks, question_sets):
+            row, used = run_cell(model, task, questions, args, say)
+            rows.append(row)
+            protocols += used
+        del model
+    table = pd.DataFrame(rows)
+    out = cli.summary_dir(args.out, protocols, name="summary-table2")
+    table.to_csv(out / "table2.csv", index=False)
+    cli.publish(args.figures, plots.plot_gap_table(table, out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png"))
+
+    say(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
+        "guess: a uniform guesser over the options)")
+    print("| model | task | deployed D | vote@K | oracle@K | gap O-D | gap O-vote | guess O_K | format failures |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for _, r in table.iterrows():
+        cells = [f"{r[k]:{f}} [{r[k + '_lo']:{f}}, {r[k + '_hi']:{f}}]" for k, f in
+                 (("deployed", ".1%"), ("vote", ".1%"), ("oracle", ".1%"), ("gap", "+.1%"), ("selection_gap", "+.1%"))]
+        guess = f"{r.guess_oracle:.1%}" if pd.notna(r.get("guess_oracle")) else "n/a (free-form)"
+        print(" | ".join(["", r.model, r.task, *cells, guess, f"{r.format_failure_rate:.1%}", ""]).strip())
+    say(f"{(time.time() - started) / 60:.1f} min; Table 2 in {out}, figures also in {args.figures}")
     return 0
 
 

@@ -175,6 +175,15 @@ def gap_table_row(summary: Mapping) -> dict:
             "format_failure_rate": summary["format_failure_rate"]}
 
 
+def guessing_floor(option_counts: Sequence[int], K: int) -> tuple[float, float]:
+    """What a uniform guesser over each question's options reaches: (deployed 1/m, oracle 1 - (1 - 1/m)^K), averaged
+    over questions with ``option_counts`` m options each. A multiple-choice O_K is read against the second."""
+    m = np.asarray(option_counts, dtype=np.float64)
+    if len(m) == 0 or (m < 2).any() or K < 1:
+        raise ValueError(f"option counts {list(option_counts)[:5]}... and K={K}: expected >= 2 options and K >= 1")
+    return float(np.mean(1 / m)), float(np.mean(1 - (1 - 1 / m) ** K))
+
+
 REALIZATION_FATES = ("newly_realized_from_reachable", "newly_realized_from_unreachable", "lost",
                      "stable_realized", "stable_unrealized")
 REACHABILITY_FATES = ("entered_reachable", "left_reachable", "stable_reachable", "stable_unreachable")

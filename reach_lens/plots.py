@@ -190,25 +190,28 @@ def layer_sweep_figure(df: pd.DataFrame, marked_layer: int | None = None, title:
         ax1.annotate(f"R{i}", (layer + dodge[comp], points.loc[(comp, layer), "repair"]), textcoords="offset points",
                      xytext=(6, 7), fontsize=8, color=COMPONENT_COLORS[comp], fontweight="bold")
     if evaluation is not None and len(evaluation):
-        e = evaluation.assign(x=evaluation["layer"] + 0.35 + evaluation["component"].map(dodge).fillna(0.0))
+        e = evaluation.assign(x=evaluation["layer"] + 0.33 + 1.6 * evaluation["component"].map(dodge).fillna(0.0))
         for ax, name in ((ax1, "repair"), (ax2, "breakage")):
-            for j, (comp, g) in enumerate(e.groupby("component", sort=False)):
-                y = g[name].to_numpy(dtype=float)
-                err = np.vstack([y - g[f"{name}_lo"].to_numpy(dtype=float), g[f"{name}_hi"].to_numpy(dtype=float) - y])
-                label = (f"evaluation split, n_fail = {_n(e['repair_n'])}, n_healthy = {_n(e['breakage_n'])} "
-                         "(diamonds, component colour)") if ax is ax1 and j == 0 else None
-                ax.errorbar(g["x"], y, yerr=err, ls="none", marker="D", ms=5, mfc="white",
-                            color=COMPONENT_COLORS.get(comp, "black"), mec="black", capsize=2, lw=0.9, label=label)
+            y = e[name].to_numpy(dtype=float)
+            err = np.vstack([y - e[f"{name}_lo"].to_numpy(dtype=float), e[f"{name}_hi"].to_numpy(dtype=float) - y])
+            label = (f"evaluation split (n_fail = {_n(e['repair_n'])}, n_healthy = {_n(e['breakage_n'])}): "
+                     "M / A / L = MLP / attention / whole layer") if ax is ax1 else None
+            ax.errorbar(e["x"], y, yerr=err, ls="none", marker="D", ms=5, mfc="white", mec="black", color="black",
+                        capsize=2, lw=0.8, label=label)
+            for x, value, comp in zip(e["x"], y, e["component"]):
+                ax.annotate({"mlp": "M", "attn": "A", "layer": "L"}.get(comp, "?"), (x, value), textcoords="offset points",
+                            xytext=(0, -11), ha="center", fontsize=6)
     ax1.set_ylabel("repair (failure set)")
     ax2.set_ylabel("breakage (healthy panel)")
     ax2.set_xlabel("layer silenced")
     for ax in (ax1, ax2):
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-0.04, 1.04)
         ax.grid(alpha=0.3)
         if marked_layer is not None:
             ax.axvline(marked_layer, color="tab:red", lw=1, ls=":")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.legend(fontsize=7, loc="upper left", ncols=2)
+    handles, labels = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=2)
     split = "calibration " if evaluation is not None else ""
     fig.suptitle(f"{title}\n({split}n_fail = {_n(df['repair_n'])}, n_healthy = {_n(df['breakage_n'])}; "
                  f"95% Wilson" + ("; dotted: identified MLP" if marked_layer is not None else "") + ")", fontsize=10)
@@ -244,6 +247,13 @@ def steering_figure(df: pd.DataFrame, title: str = "Steering along v", doses: di
         for name in ("rescue", "induction"):
             ax.plot(cal["alpha"], cal[name], ls="--", lw=1, marker="o", ms=3, mfc="none", color=colors[name],
                     label=f"{name} (calibration, n = {_n(cal[f'{name}_n'])})")
+    if "role" in df:
+        rand = df[df["role"] == "random direction"]
+        for name in ("rescue", "induction"):
+            r = rand.dropna(subset=[name])
+            if len(r):
+                ax.plot(r["alpha"], r[name], "X", ms=8, color=colors[name], mec="black", mew=0.6,
+                        label=f"{name}, random direction of |v| (evaluation)")
     for name, alpha in (doses or {}).items():
         row = main[main["alpha"] == alpha]
         if len(row):
@@ -472,7 +482,10 @@ def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random un
         ax.set_ylim(0, max(1.0, highest * 1.3) if column != "mass" else max(0.05, highest * 1.4))
         ax.grid(alpha=0.3, axis="y")
     if normalized:
-        ax1.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax1.axhline(1.0, color="black", lw=0.8, ls="--", label="whole block = 1")
+        ax1.set_ylim(0, max(1.15, ax1.get_ylim()[1]))
+        ax1.legend(fontsize=7, loc="upper right")
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}" if v >= 0.1 else f"{v:.1%}"))
     fig.suptitle(f"{title}\n(whole block repairs {k[0]}/{k[1]} evaluation failures; error bars: SD over random sets)",
                  fontsize=10)
     return fig
@@ -608,4 +621,36 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper left", ncol=2)
     ax.set_title(f"{title}\n({_protocol_note(df)}; Wilson 95%)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_gap_table(df: pd.DataFrame, path: Path | str) -> Path:
+    """The sampling-gap table (the paper's Table 2) as grouped bars per model x task cell: deployed D, vote@K and
+    oracle O_K with their 95% intervals, and, for multiple choice, the uniform guesser's O_K (a black tick) that
+    an oracle must be read against. Rows are `audit.gap_table_row` plus model, task, T (and guess_oracle)."""
+    _require(df, ("model", "task", "n", "K", "T", *(f"{m}{s}" for m in ("deployed", "vote", "oracle")
+                                                    for s in ("", "_lo", "_hi"))), "gap table")
+    fig = Figure(figsize=(max(5.0, 1.9 * len(df) + 1.5), 4.2))
+    ax = fig.add_subplot()
+    series = (("deployed", "deployed D (greedy)", "black"), ("vote", "majority vote@K", "tab:orange"),
+              ("oracle", "oracle O_K", "tab:green"))
+    width = 0.26
+    x = np.arange(len(df))
+    for j, (key, label, color) in enumerate(series):
+        y = df[key].to_numpy(dtype=float)
+        err = np.vstack([y - df[f"{key}_lo"].to_numpy(dtype=float), df[f"{key}_hi"].to_numpy(dtype=float) - y])
+        ax.bar(x + (j - 1) * width, y, width, yerr=err, capsize=3, color=color, alpha=0.8 if key != "deployed" else 0.6,
+               label=label)
+    if "guess_oracle" in df.columns:
+        guess = df["guess_oracle"].to_numpy(dtype=float)
+        for xi, g in zip(x, guess):
+            if np.isfinite(g):
+                ax.plot([xi + width / 2, xi + 1.5 * width], [g, g], color="black", lw=2)
+        ax.plot([], [], color="black", lw=2, label="uniform guesser's O_K")
+    ax.set_xticks(x, [f"{m}\n{t} (n={n})" for m, t, n in zip(df.model, df.task, df.n)], fontsize=8)
+    ax.set_ylabel("share of questions correct")
+    ax.set_ylim(0, 1.05)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {_n(df['T'])}; 95% intervals)", fontsize=10)
     return _save(fig, path)

@@ -77,6 +77,11 @@ def stored(directory: Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(p) for p in sorted(directory.glob("part-*.parquet"))], ignore_index=True)
 
 
+def cells(out: Path) -> list[Path]:
+    """The run directories of a study's --out (its summary-* directories left out)."""
+    return [p for p in out.iterdir() if not p.name.startswith("summary-")]
+
+
 def one(paths) -> Path:
     paths = list(paths)
     assert len(paths) == 1, paths
@@ -89,8 +94,9 @@ def one(paths) -> Path:
 def test_sampling_gap_tables_are_the_stored_records(tiny):
     _, common = tiny
     script = load_script("sampling_gap")
-    assert script.main(["--n", "6", "--K", "4", "--T", "0.8", "--temperatures", "0.8", "1.2", *common]) == 0
-    run = one((Path(common[5])).iterdir())
+    assert script.main(["--tasks", "arc_easy", "--n", "6", "--K", "4", "--T", "0.8", "--temperatures", "0.8", "1.2",
+                        *common]) == 0
+    run = one(cells(Path(common[5])))
     deployed = stored(run / "deployed" / "deployed").set_index("question_id")
     out = one(run.glob("summary-T0.8-*"))
     table = pd.read_csv(out / "table.csv").iloc[0]
@@ -111,16 +117,19 @@ def test_sampling_gap_tables_are_the_stored_records(tiny):
             hit_rate = np.mean([np.mean([c["correct"] for c in cs]) for cs in cands])
             assert list(curve.k) == [1, 2, 3, 4]
             assert (curve.reach.iloc[0], curve.reach.iloc[-1]) == pytest.approx((hit_rate, oracle))
+    table2 = pd.read_csv(one(Path(common[5]).glob("summary-table2-*")) / "table2.csv").iloc[0]
+    assert (table2.oracle, table2.deployed, table2.n) == pytest.approx((table.oracle, table.deployed, 6))
+    assert table2.guess_deployed == pytest.approx(1 / 3) and table2.guess_oracle == pytest.approx(1 - (2 / 3) ** 4)
     figures = sorted(p.name for p in Path(common[7]).glob("*.png"))
-    assert figures == sorted(p.name for p in out.glob("*.png")) and len(figures) == 2
+    assert len(figures) == 3 and sum(p.name in figures for p in out.glob("*.png")) == 2
 
 
 def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
     _, common = tiny
     script = load_script("sampling_gap")
-    base = ["--n", "3", "--K", "2", "--temperatures", "0.8", "1.2", *common]
+    base = ["--tasks", "arc_easy", "--n", "3", "--K", "2", "--temperatures", "0.8", "1.2", *common]
     assert script.main([*base, "--T", "0.8"]) == 0
-    run = one(Path(common[5]).iterdir())
+    run = one(cells(Path(common[5])))
     first = {p.name: p.read_text() for p in one(run.glob("summary-*")).glob("*.csv")}
     assert set(first) == {"table.csv", "temperature_sweep.csv", "reach_curve.csv"}
     assert script.main([*base, "--T", "1.2"]) == 0
@@ -138,7 +147,8 @@ def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
     (["--temperatures", "0.8", "0"], "--temperatures", "0.0 out of range: expected a number > 0"),
     (["--chunk", "0"], "--chunk", "0 out of range"),
     (["--batch-size", "-1"], "--batch-size", "-1 out of range"),
-    (["--task", "nope"], "--task", "invalid choice: 'nope'"),
+    (["--tasks", "nope"], "--tasks", "invalid choice: 'nope'"),
+    (["--tasks", "arc_easy", "piqa", "--source", "x.jsonl"], "--source", "one data source for 2 tasks"),
 ])
 def test_sampling_gap_bad_arguments_fail_before_anything_loads(tmp_path, monkeypatch, capsys, argv, option, says):
     monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the arguments were checked"))
@@ -147,7 +157,7 @@ def test_sampling_gap_bad_arguments_fail_before_anything_loads(tmp_path, monkeyp
         script.main([*argv, "--out", str(tmp_path / "runs")])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {option}" in err and says in err
+    assert (f"argument {option}" in err or option == "--source") and says in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -157,14 +167,14 @@ def test_sampling_gap_empty_or_short_source_fails_before_the_model(tmp_path, mon
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(SystemExit, match=r"no questions: arc_easy from .*empty.jsonl holds 0 questions"):
-        script.main(["--source", str(empty), "--out", str(tmp_path / "runs")])
+        script.main(["--tasks", "arc_easy", "--source", str(empty), "--out", str(tmp_path / "runs")])
     short = tmp_path / "short.jsonl"
     short.write_text(json.dumps({"id": "q", "question": "?", "answerKey": "A",
                                  "choices": {"text": ["x", "y"], "label": ["A", "B"]}}) + "\n")
     with pytest.raises(SystemExit, match=r"--n 5 out of range: arc_easy from .*short.jsonl holds 1 questions"):
-        script.main(["--source", str(short), "--n", "5", "--out", str(tmp_path / "runs")])
+        script.main(["--tasks", "arc_easy", "--source", str(short), "--n", "5", "--out", str(tmp_path / "runs")])
     with pytest.raises(SystemExit, match=r"cannot load arc_easy from .*missing.jsonl.*: data source .* does not exist"):
-        script.main(["--source", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "runs")])
+        script.main(["--tasks", "arc_easy", "--source", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists()
 
 
@@ -184,13 +194,14 @@ def test_outputs_under_a_regular_file_fail_before_loading(tmp_path, monkeypatch,
 
 def test_selection_draws_the_sampling_gap_samples_and_flags_collapse(tiny):
     _, common = tiny
-    assert load_script("sampling_gap").main(["--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8", *common]) == 0
+    assert load_script("sampling_gap").main(["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8",
+                                             "--temperatures", "0.8", *common]) == 0
     sel_common = [*common[:4], "--out", str(Path(common[5]).parent / "sel"), *common[6:]]
     args = ["--tasks", "arc_easy", "--n", "4", "--K", "3", "--T", "0.8", "--temperatures", "0.8",
             "--collapse-threshold", "0.05", *sel_common]
     assert load_script("selection").main(args) == 0
 
-    gap_run = one(Path(common[5]).iterdir())
+    gap_run = one(cells(Path(common[5])))
     sel_run = one(p for p in (Path(common[5]).parent / "sel").iterdir() if not p.name.startswith("summary-"))
     gap, sel = stored(gap_run / "T0.8" / "records"), stored(sel_run / "T0.8" / "records")
     assert list(gap.question_id) == list(sel.question_id)
@@ -313,7 +324,7 @@ def test_sampling_gap_and_selection_on_the_embedded_model(tmp_path):
     figures = ["--figures", str(tmp_path / "figures"), "--n", "2", "--K", "2", "--T", "0.8", "--temperatures", "0.8"]
     assert load_script("sampling_gap").main(["--out", str(tmp_path / "gap"), *figures]) == 0
     assert load_script("selection").main(["--out", str(tmp_path / "sel"), "--tasks", "arc_easy", *figures]) == 0
-    gap = stored(one(p for p in (tmp_path / "gap").iterdir()) / "T0.8" / "records")
+    gap = stored(one(p for p in cells(tmp_path / "gap") if "arc_easy" in p.name) / "T0.8" / "records")
     sel = stored(one(p for p in (tmp_path / "sel").iterdir() if not p.name.startswith("summary-")) / "T0.8" / "records")
     for a, b in zip(gap.candidates, sel.candidates):
         assert [c["text"] for c in a] == [c["text"] for c in b]

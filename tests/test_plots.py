@@ -240,3 +240,24 @@ def test_missing_columns_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"recovery: table lacks columns \['collapsed'\]"):
         plots.plot_recovery(pd.DataFrame({"probe": ["r"], "selector": ["v"], "recovery": [0.1], "n": [1], "K": [2]}),
                             [("r", "r")], tmp_path / "z.png")
+
+
+def test_plot_gap_table_draws_each_cell_and_the_guessing_floor(tmp_path, drawn):
+    from reach_lens.audit import guessing_floor
+
+    rows = []
+    for task, d, v, o, guess in (("arc_easy", 0.2, 0.3, 0.8, guessing_floor([4, 4, 3], 8)[1]),
+                                 ("basic_arithmetic", 0.05, 0.05, 0.15, float("nan"))):
+        rows.append({"model": "m", "task": task, "n": 3, "K": 8, "T": 0.8, "guess_oracle": guess,
+                     **{f"{k}{s}": val + off for k, val in (("deployed", d), ("vote", v), ("oracle", o))
+                        for s, off in (("", 0.0), ("_lo", -0.05), ("_hi", 0.05))}})
+    df = pd.DataFrame(rows)
+    plots.plot_gap_table(df, tmp_path / "t2.png")
+    ax = drawn["t2.png"].axes[0]
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [[round(p.get_height(), 6) for p in b.patches] for b in bars] == [[0.2, 0.05], [0.3, 0.05], [0.8, 0.15]]
+    ticks = [ln for ln in ax.get_lines() if ln.get_color() == "black" and len(ln.get_ydata()) == 2]
+    assert len(ticks) == 1 and ticks[0].get_ydata()[0] == pytest.approx(rows[0]["guess_oracle"])  # MC only
+    assert guessing_floor([4], 8) == (0.25, pytest.approx(1 - 0.75 ** 8))
+    with pytest.raises(ValueError, match="expected >= 2 options"):
+        guessing_floor([1], 8)
