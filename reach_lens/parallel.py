@@ -118,6 +118,12 @@ class RayPool:
         self.workers = workers
         self.threads = threads_per_worker or max(1, int(ray.cluster_resources().get("CPU", 1)) // workers)
         self.options = {"num_gpus": 1, "num_cpus": 1} if gpus >= workers else {"num_cpus": self.threads}
+        free = ray.available_resources()
+        for resource, need in (("GPU", self.options.get("num_gpus", 0)), ("CPU", self.options["num_cpus"])):
+            if need and free.get(resource, 0) < need * workers:
+                raise ValueError(f"{workers} workers need {need * workers:g} free {resource}s; the Ray cluster has "
+                                 f"{free.get(resource, 0):g} free (of {ray.cluster_resources().get(resource, 0):g}): "
+                                 "ask for fewer --workers, fewer --threads, or stop the other actors")
         self.actors = [self._new_actor() for _ in range(workers)]
         self.refs: dict[str, Any] = {}
         self.keys: dict[int, str] = {}

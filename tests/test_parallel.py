@@ -2,6 +2,7 @@
 Ray cluster of 2 CPU workers)."""
 import time
 
+import pandas as pd
 import pytest
 import torch
 from conftest import make_tiny_model
@@ -104,3 +105,38 @@ def test_cli_resume_on_the_pool_equals_resume_in_process(pool, tmp_path):
     there = cli.resume(RunStore(tmp_path / "there", protocol), "rows", items, 3, rows_of, pool=pool)
     key = lambda df: sorted(zip(df.question_id, map(tuple, df.tokens)))  # noqa: E731
     assert key(here) == key(there) and len(there) == 7
+
+
+@pytest.mark.integration
+def test_sampling_gap_on_two_workers_equals_one_process(pool, tmp_path, monkeypatch):
+    """The embedded model, 4 ARC-Easy questions: --workers 2 stores the same records as one process."""
+    import importlib.util
+    from pathlib import Path
+
+    from reach_lens import cli
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "sampling_gap.py"
+    spec = importlib.util.spec_from_file_location("sampling_gap_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    pool.close()  # the script starts its own 2 workers on the 2 CPUs of this cluster
+    monkeypatch.setattr(cli, "_POOL", cli._POOL)  # restored after the test: --workers replaces it
+    common = ["--tasks", "arc_easy", "--n", "4", "--K", "2", "--T", "0.8", "--temperatures", "0.8", "--chunk", "1",
+              "--figures", str(tmp_path / "figures")]
+    assert script.main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert script.main([*common, "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
+    assert isinstance(cli._POOL, parallel.RayPool)
+    cli._POOL.close()
+
+    def records(out):
+        run = next(p for p in out.iterdir() if not p.name.startswith("summary-"))
+        parts = sorted((run / "T0.8" / "records").glob("part-*.parquet"))
+        df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+        return {q: [c["text"] for c in cs] for q, cs in zip(df.question_id, df.candidates)}
+
+    assert records(tmp_path / "two") == records(tmp_path / "one")
+
+
+def test_a_pool_larger_than_the_free_cluster_is_refused_not_left_waiting(pool):
+    with pytest.raises(ValueError, match="3 workers need 3 free CPUs"):
+        parallel.RayPool(3, threads_per_worker=1)
