@@ -576,12 +576,15 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
         err = np.vstack([y - g["realization_lo"].to_numpy(dtype=float), g["realization_hi"].to_numpy(dtype=float) - y])
         line = ax.errorbar(x, y, yerr=err, marker="os^Dv"[j % 5], ms=5, capsize=3, ls="none",
                            label=f"{pair}, hit rate of K = {K} samples")
-        for xi, yi, n in zip(x, y, g["n"].to_numpy()):
-            ax.annotate(f"n = {int(n)}", (xi, 0.0 if np.isnan(yi) else yi), textcoords="offset points",
-                        xytext=(0, -12 if np.isnan(yi) else 8), ha="center", fontsize=7, color=line[0].get_color())
+        for xi, hi, n in zip(x, g["realization_hi"].to_numpy(dtype=float), g["n"].to_numpy()):
+            ax.annotate(f"{int(n)}", (xi, -0.05 if np.isnan(hi) else hi), textcoords="offset points",
+                        xytext=(0, 0 if np.isnan(hi) else 3), ha="center",
+                        va="center" if np.isnan(hi) else "bottom",
+                        fontsize=7, color=line[0].get_color())
     ax.set_xticks(np.arange(len(bins)), [f"{b}\n{'(unreachable)' if b == '0' else ''}" for b in bins], fontsize=8)
     ax.set_xlim(-0.6, len(bins) - 0.4)
-    ax.set_xlabel("base hit rate (hits / K) of questions the base does not realize")
+    ax.set_xlabel("base hit rate (hits / K) of questions the base does not realize; numbers: questions in the bin "
+                  "(0 at the bottom: an empty bin)", fontsize=8)
     ax.set_ylabel("share realized after training")
     ax.set_ylim(-0.08, 1.05)
     ax.grid(alpha=0.3, axis="y")
@@ -602,8 +605,9 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage:
     ax = fig.add_subplot()
     x = np.arange(len(df))
     K, total = int(df["K"].iloc[0]), int(df["samples"].iloc[0])
-    for j, (m, label, color) in enumerate((("D", "deployed D", "tab:blue"), ("vote", f"majority vote@{K}", "tab:orange"),
-                                           ("O", f"oracle O_{K}", "tab:green"))):
+    arms = (("D", "deployed D", "tab:blue"), ("vote", f"majority vote@{K}", "tab:orange"),
+            ("O", f"oracle O_{K}", "tab:green"))
+    for j, (m, label, color) in enumerate(arms):
         y = df[m].to_numpy(dtype=float)
         err = np.vstack([y - df[f"{m}_lo"].to_numpy(dtype=float), df[f"{m}_hi"].to_numpy(dtype=float) - y])
         bars = ax.bar(x + (j - 1) * 0.27, y, 0.27, yerr=err, capsize=3, color=color, label=label)
@@ -621,6 +625,29 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper left", ncol=2)
     ax.set_title(f"{title}\n({_protocol_note(df)}; Wilson 95%)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_rlvr_training(log: pd.DataFrame, path: Path | str, title: str = "Training curve") -> Path:
+    """A TRL log (``training_log.csv``: one row per logging step) against the optimizer step: the mean GRPO reward
+    with its spread over the logged completions, or the SFT loss, plus a running mean over 5 logging steps."""
+    _require(log, ("step",), "rlvr training")
+    metric = "reward" if "reward" in log else "loss"
+    g = log.dropna(subset=[metric]) if metric in log else log.iloc[:0]
+    if len(g) == 0:
+        raise ValueError(f"rlvr training: the log has no {metric!r} rows")
+    fig = Figure(figsize=(6.5, 4.0))
+    ax = fig.add_subplot()
+    ax.plot(g["step"], g[metric], marker="o", ms=3, lw=0.8, color="tab:blue", label=f"{metric} per logging step")
+    if metric == "reward" and "reward_std" in g:
+        ax.fill_between(g["step"], g["reward"] - g["reward_std"], g["reward"] + g["reward_std"], color="tab:blue",
+                        alpha=0.12, lw=0, label="± std over the step's completions")
+    ax.plot(g["step"], g[metric].rolling(5, min_periods=1).mean(), color="black", lw=1.6, label="running mean (5)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean reward (task grader)" if metric == "reward" else "training loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}\n({int(g['step'].max())} steps)", fontsize=10)
     return _save(fig, path)
 
 

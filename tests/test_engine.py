@@ -381,3 +381,15 @@ def test_fast_attention_honours_qk_norm_partial_rotary_and_soft_caps(variant):
                                              batch_size=3)
     for gen, (p, r) in zip(gens, [(p, r) for p in prompts for r in (None, (0, 1, 1, 3))]):
         assert gen.tokens == reference(m, p, 6, r)[0], (variant, r)
+
+
+def test_engine_for_does_not_keep_its_model_alive():
+    import gc
+    import weakref
+
+    m = make_tiny_model(seed=9)
+    engine_for(m).generate([greedy((1, 2, 3), 2)])
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None  # the engine (and its prefix cache) went with it

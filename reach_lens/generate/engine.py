@@ -90,10 +90,20 @@ class TransformerLensEngine(Engine):
     name = "transformer_lens"
     capabilities = frozenset(CAPABILITIES)
 
-    def __init__(self, model: HookedTransformer, prefix_cache_bytes: int = 2 << 30, share_prefixes: bool = True):
-        self.model = model
+    def __init__(self, model: HookedTransformer, prefix_cache_bytes: int = 2 << 30, share_prefixes: bool = True,
+                 weak: bool = False):
+        """``weak=True`` holds the model by a weak reference (``engine_for``'s engines must not keep their model
+        alive: a study that loads checkpoint after checkpoint would keep every one of them in memory)."""
+        self._model = weakref.ref(model) if weak else (lambda: model)
         self.share_prefixes = share_prefixes
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+
+    @property
+    def model(self) -> HookedTransformer:
+        model = self._model()
+        if model is None:
+            raise ReferenceError("this engine's model no longer exists")
+        return model
 
     @property
     def tokenizer(self):
@@ -284,12 +294,13 @@ _ENGINES: weakref.WeakKeyDictionary[HookedTransformer, TransformerLensEngine] = 
 
 def engine_for(model: HookedTransformer | Engine) -> Engine:
     """The engine of ``model``: itself if it is an ``Engine``, else one ``TransformerLensEngine`` per model
-    object, kept while the model lives (so its clean prompt prefixes are reused across calls)."""
+    object, kept while the model lives and dropped with it (so its clean prompt prefixes are reused across calls,
+    and a model no one else holds is freed with its engine)."""
     if isinstance(model, Engine):
         return model
     if not isinstance(model, HookedTransformer):
         raise TypeError(f"expected a HookedTransformer or an Engine, got {type(model).__name__}")
     engine = _ENGINES.get(model)
     if engine is None:
-        engine = _ENGINES[model] = TransformerLensEngine(model)
+        engine = _ENGINES[model] = TransformerLensEngine(model, weak=True)
     return engine

@@ -1,0 +1,258 @@
+"""The RLVR checkpoint study (the paper's Tables 5-8, Figures 6-7): base vs trained checkpoints, question by
+question, under one protocol.
+
+    python experiments/rlvr_compare.py                    # embedded base vs its GRPO and SFT checkpoints (trained
+                                                          # first when missing), ARC-Easy audit split, n=300, K=4
+    python experiments/rlvr_compare.py --checkpoints rl=/path/to/rl sft=/path/to/sft --model /path/to/base \\
+        --task gsm8k --source ../shared/data/gsm8k/test.jsonl --audit-share 0.999 --K 100
+
+Every checkpoint answers the same audit questions (the audit side of the salted id-hash split; a checkpoint
+whose training ids include any of them is refused) with a greedy answer and 2K samples at T in the main
+format, and a greedy answer in the control format. Protocols must match in everything but the checkpoint
+(model, weights): a difference (K, T, format, grader, question set, ...) is refused, naming the field. The
+first K of the 2K samples are exactly the K-sample probe (samples are seeded per question and index), so
+Table 6's K and 2K come from one set of samples.
+
+Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/{<fmt>,<control fmt>}/; tables
+in its summary-<hash>/ directory, figures there and in --figures):
+  table5.csv (n, K, base D/O, trained D/O with Wilson 95%, delta n_reachable with a paired bootstrap interval),
+  fates.csv (Figure 6a), table6_budget.csv, table7_lineage.csv, table8_format.csv, propensity.csv (Figure 7,
+  at K and at 2K), summary.md; figures rlvr_fates_*, rlvr_changes_*, rlvr_propensity_*, rlvr_lineage_*.
+With a multiple-choice task every oracle is printed beside the uniform guesser's floor 1 - (1 - 1/m)^K.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from reach_lens import audit, cli, plots
+from reach_lens.generate import TransformerLensEngine
+from reach_lens.rlvr import tables
+from reach_lens.rlvr.audit_run import (
+    check_comparable,
+    deploy_protocol,
+    deploy_records,
+    records_at,
+    sample_protocol,
+    sample_records,
+)
+from reach_lens.rlvr.recipes import KINDS, checkpoint_path, default_recipe
+from reach_lens.rlvr.split import check_disjoint, split_questions
+from reach_lens.store import RunStore
+from reach_lens.tasks import get_task, subsample
+
+SAY = cli.say("rlvr_compare")
+BASE = "base"
+PAPER = "paper Table 5 (n=300, K=200, T=0.8): DAPO-32B D 55.0 -> 69.7, O 96.0 -> 82.7, 40 fewer reachable questions"
+
+
+def checkpoint_arg(text: str) -> tuple[str, Path]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LABEL=PATH (e.g. rl=/path/to/checkpoint)")
+    if label == BASE:
+        raise argparse.ArgumentTypeError(f"label {BASE!r} is the base model's (--model); pick another label")
+    if not (Path(path).expanduser() / "config.json").exists():
+        raise argparse.ArgumentTypeError(f"{path!r} is not a Hugging Face checkpoint directory (no config.json)")
+    return label, Path(path).expanduser()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(parents=[cli.common(out="runs/rlvr_compare", batch_size=32),
+                                         cli.data(n=300, chunk=25, task="arc_easy")],
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--K", type=cli.positive_int, default=4,
+                   help="main candidate budget (Table 5, fates, propensity); 2K samples are drawn for Table 6")
+    p.add_argument("--T", type=cli.positive_float, default=0.8, help="sampling temperature")
+    p.add_argument("--checkpoints", type=checkpoint_arg, nargs="+", default=None, metavar="LABEL=PATH",
+                   help="trained checkpoints (default: the default GRPO and SFT recipes, trained when missing)")
+    p.add_argument("--no-train", action="store_true", help="refuse to train missing default checkpoints")
+    p.add_argument("--control-fmt", default="shared", choices=("native", "shared"),
+                   help="format of the format control (Table 8; default shared)")
+    p.add_argument("--salt", default="rlvr", help="salt of the train/audit id-hash split")
+    p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids on the audit side")
+    p.add_argument("--bins", type=float, nargs="+", default=list(audit.HIT_RATE_BINS),
+                   help="hit-rate bin edges from 0 to 1 (bins: exactly 0, then (lo, hi])")
+    args = p.parse_args(argv)
+    if args.control_fmt == args.fmt:
+        p.error(f"--control-fmt {args.control_fmt!r} equals --fmt: the format control needs another format")
+    try:
+        audit.hit_rate_bin_labels(args.bins)
+    except ValueError as e:
+        p.error(f"--bins: {e}")
+    if args.checkpoints is not None and len({label for label, _ in args.checkpoints}) != len(args.checkpoints):
+        p.error("--checkpoints: labels must be distinct")
+    return args
+
+
+def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
+    """The default recipes' checkpoints, trained here (saying so) when missing."""
+    out = {}
+    for kind in KINDS:
+        recipe = default_recipe(kind, task=args.task, salt=args.salt, audit_share=args.audit_share)
+        path = checkpoint_path(recipe)
+        if not (path / "reach_lens_training.json").exists():
+            if args.no_train:
+                raise SystemExit(f"{kind} checkpoint {path} is missing and --no-train is set: run "
+                                 f"python experiments/train_rlvr.py --recipe {kind} --task {args.task}")
+            from reach_lens.models import embedded_checkpoint_dir
+            from reach_lens.rlvr.train import train
+
+            base = Path(args.model) if args.model else embedded_checkpoint_dir()
+            if not (base / "config.json").exists():
+                raise SystemExit(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
+                                 "directory; pass trained checkpoints with --checkpoints")
+            SAY(f"{kind} checkpoint {recipe.name} is missing: training it first (up to ~45 min on a 2-core CPU)")
+            train(recipe, base, path, source=args.source, log=SAY)
+        out[kind] = path
+    return out
+
+
+def audit_checkpoints(args, task, questions, settings, checkpoints: dict[str, Path | None], run_root: Path):
+    """Records in the main format (greedy + 2K samples) and greedy rows in the control format, per checkpoint."""
+    native, control, protocols = {}, {}, {"main": {}, "control": {}}
+    for label, path in checkpoints.items():
+        model = cli.load(args, None if path is None else str(path))
+        name = model.cfg.model_name
+        common = dict(settings=settings, source=args.source, split=args.split)
+        p_main = sample_protocol(model, task, questions, args.fmt, 2 * args.K, args.T, args.seed, **common)
+        p_control = deploy_protocol(model, task, questions, args.control_fmt, args.seed, **common)
+        protocols["main"][label], protocols["control"][label] = p_main, p_control
+        check_comparable(protocols["main"])  # before any generation: a mismatch costs nothing
+        check_comparable(protocols["control"])
+        SAY(f"{label}: {name} ({p_main.weights})")
+        # a private engine, dropped with the model: engine_for's cache would keep every checkpoint in memory
+        engine = TransformerLensEngine(model)
+        native[label] = sample_records(engine, task, questions, args.fmt, 2 * args.K, args.T, args.seed,
+                                       RunStore(run_root / name / args.fmt, p_main), args.chunk, args.batch_size,
+                                       desc=f"{label}: greedy + {2 * args.K} samples ({args.fmt})")
+        control[label] = deploy_records(engine, task, questions, args.control_fmt,
+                                        RunStore(run_root / name / args.control_fmt, p_control), args.chunk,
+                                        args.batch_size, desc=f"{label}: greedy ({args.control_fmt})")
+        del model, engine
+        gc.collect()
+    return native, control, protocols
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """A DataFrame as a markdown table (floats to 3 decimals)."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
+    return "\n".join(["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns),
+                      *("| " + " | ".join(row) + " |" for row in cells)])
+
+
+def _pct(row, m: str) -> str:
+    if pd.isna(row[m]):
+        return "n/a (n = 0)"
+    return f"{row[m]:.1%} [{row[f'{m}_lo']:.1%}, {row[f'{m}_hi']:.1%}]"
+
+
+def _ratio(row) -> str:
+    return "n/a" if pd.isna(row.retained) else f"{row.retained:.2f} [{row.retained_lo:.2f}, {row.retained_hi:.2f}]"
+
+
+def _pp(row, m: str) -> str:
+    return f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
+
+
+def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str) -> str:
+    """The tables as markdown, every oracle beside its guessing floor."""
+    lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes by "
+             "paired bootstrap)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | "
+             "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in t5.iterrows():
+        lines.append(f"| {r.pair} | {_pct(r, 'D_base')} | {_pct(r, 'O_base')} | {_pct(r, 'D_trained')} | "
+                     f"{_pct(r, 'O_trained')} | {r.floor:.1%} | {_pp(r, 'D_change')} | {_pp(r, 'O_change')} | "
+                     f"{r.delta_n_reachable:+d} [{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] |")
+    lines += ["", PAPER, "", "## Figure 6a: fates (counts of questions)", "", markdown(fates), "",
+              f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
+              "| pair | K | floor | base O | trained O | base O−D | trained O−D | Δn_reachable | base / trained "
+              "reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in t6.iterrows():
+        lines.append(f"| {r.pair} | {r.K} | {r.floor:.1%} | {_pct(r, 'O_base')} | {_pct(r, 'O_trained')} | "
+                     f"{100 * r.gap_base:+.1f} pp | {100 * r.gap_trained:+.1f} pp | {r.delta_n_reachable:+d} "
+                     f"[{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] | "
+                     f"{r.reach_base_unbiased:.1%} / {r.reach_trained_unbiased:.1%} |")
+    lines += ["", f"## Table 7: lineage (K = {K})", "", "| checkpoint | deployed D | vote@K | oracle O_K | floor | "
+              f"O_{2 * K} | floor {2 * K} |", "|---|---|---|---|---|---|---|"]
+    for _, r in t7.iterrows():
+        lines.append(f"| {r.checkpoint} | {_pct(r, 'D')} | {_pct(r, 'vote')} | {_pct(r, 'O')} | {r.floor:.1%} | "
+                     f"{_pct(r, 'O_all')} | {r.floor_all:.1%} |")
+    lines += ["", f"## Table 8: format control ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
+              "not base-realized", "",
+              f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
+              f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
+              "|---|---|---|---|---|---|---|---|"]
+    for _, r in t8.iterrows():
+        lines.append(f"| {r.pair} | {r.n_pool} | {_pct(r, 'realized_native')} | {_pct(r, 'realized_shared')} | "
+                     f"{_pct(r, 'base_realized_shared')} | {_ratio(r)} | "
+                     f"{r.D_base_native:.1%} / {r.D_base_shared:.1%} | "
+                     f"{r.D_trained_native:.1%} / {r.D_trained_shared:.1%} |")
+    lines += ["", "## Figure 7: realization after training among base-unrealized questions, by base hit rate", "",
+              markdown(prop[["pair", "K", "bin", "n", "realized", "realization", "realization_lo", "realization_hi"]])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    cli.setup(args)
+    task = get_task(args.task)
+    loaded = task.load(args.source, args.split)
+    _, audit_side, split = split_questions(loaded, args.task, args.salt, args.audit_share)
+    if args.n > len(audit_side):
+        raise SystemExit(f"--n {args.n} out of range: the audit side of {args.task} holds {len(audit_side)} questions "
+                         f"(--audit-share {args.audit_share}); use --n <= {len(audit_side)}")
+    questions = subsample(audit_side, args.n, args.seed)
+    trained = dict(args.checkpoints) if args.checkpoints else default_checkpoints(args)
+    from reach_lens.rlvr.train import read_metadata, training_ids
+
+    for label, path in trained.items():
+        check_disjoint([q.id for q in questions], training_ids(path), f"{label} checkpoint ({path})")
+        meta = read_metadata(path)
+        if meta is not None and meta["split"]["audit_ids_sha256"] != split.to_dict()["audit_ids_sha256"]:
+            SAY(f"note: {label} was trained under another split ({meta['split']['salt']!r}, "
+                f"{meta['split']['audit_share']}); its training ids are still disjoint from these audit questions")
+    settings = {"K": args.K, "samples": 2 * args.K, "split": split.to_dict(), "control_fmt": args.control_fmt}
+    run_root = args.out / f"{args.task}-n{len(questions)}-K{args.K}-T{args.T:g}-s{args.seed}"
+    native, control, protocols = audit_checkpoints(args, task, questions, settings, {BASE: None, **trained}, run_root)
+
+    m = [len(q.options) for q in questions] if task.kind == "mc" else None
+    at_k = {label: records_at(r, args.K) for label, r in native.items()}
+    pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
+    pairs_2k = {label: (native[BASE], native[label]) for label in trained}
+    t5 = tables.table5(pairs_k, m, seed=args.seed)
+    fates = tables.fates_table(pairs_k)
+    prop = pd.concat([tables.propensity(pairs_k, args.bins), tables.propensity(pairs_2k, args.bins)], ignore_index=True)
+    t6 = tables.table6(pairs_2k, args.K, m, seed=args.seed)
+    t7 = tables.table7(native, args.K, m)
+    t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
+                       seed=args.seed)
+    for t in (t5, fates, prop, t6, t7, t8):
+        t.insert(1, "T", args.T)
+    summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])
+    for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
+                    ("table7_lineage", t7), ("table8_format", t8)):
+        t.to_csv(summary / f"{name}.csv", index=False)
+    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt)
+    (summary / "summary.md").write_text(text)
+    base_name = protocols["main"][BASE].model
+    tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"
+    what = f"{base_name} on {args.task}"
+    figures = [plots.plot_rlvr_fates(fates, summary / f"rlvr_fates_{tag}.png", f"Fates, {what}"),
+               plots.plot_rlvr_changes(t5, summary / f"rlvr_changes_{tag}.png", f"D and O_K change, {what}"),
+               plots.plot_rlvr_propensity(prop, summary / f"rlvr_propensity_{tag}.png",
+                                          f"Realization after training by base hit rate, {what}"),
+               plots.plot_rlvr_lineage(t7, summary / f"rlvr_lineage_{tag}.png", f"Lineage, {what}")]
+    cli.publish(args.figures, *figures)
+    print("\n" + text)
+    SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""Train the RLVR study's checkpoints: TRL GRPO with the task's grader as the verifiable reward, or SFT on gold
+answers, on a training split disjoint by question id from the audit split (salted id hash).
+
+    python experiments/train_rlvr.py                      # both default recipes (GRPO, then SFT) on ARC-Easy
+    python experiments/train_rlvr.py --recipe grpo --steps 150 --threads 1
+    python experiments/train_rlvr.py --recipe sft --full  # full fine-tuning instead of LoRA
+
+Checkpoints are plain Hugging Face directories under <cache>/checkpoints/rlvr/<recipe name>/ (LoRA merged),
+with reach_lens_training.json (recipe, split rule, both id lists' hashes, steps, wall time), training_ids.json
+and training_log.csv; `reach_lens.models.load_model(path)` reads them. A killed run resumes from its last TRL
+checkpoint (every --save-steps) when rerun with the same arguments; a finished recipe is not retrained.
+Needs the `rlvr` extra (trl, peft).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from reach_lens import cli, plots
+from reach_lens.rlvr.recipes import KINDS, checkpoints_root, default_recipe
+
+SAY = cli.say("train_rlvr")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", choices=(*KINDS, "all"), default="all", help="grpo, sft, or all (default: both)")
+    p.add_argument("--model", default=None, help="base HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--task", default="arc_easy", help="training task (its grader is the reward)")
+    p.add_argument("--source", default=None, help="task data (default: the embedded data)")
+    p.add_argument("--steps", type=cli.positive_int, default=None, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--lr", type=cli.positive_float, default=None, help="learning rate (default: the recipe's)")
+    tuning = p.add_mutually_exclusive_group()
+    tuning.add_argument("--lora-r", type=cli.positive_int, default=None, help="LoRA rank (default 16)")
+    tuning.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    p.add_argument("--num-generations", type=cli.positive_int, default=None, help="GRPO completions per prompt")
+    p.add_argument("--temperature", type=cli.positive_float, default=None, help="GRPO sampling temperature")
+    p.add_argument("--salt", default="rlvr", help="salt of the id-hash split (the compare must use the same)")
+    p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids held out for the audit")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-steps", type=cli.positive_int, default=25, help="TRL checkpoint interval (resume points)")
+    p.add_argument("--threads", type=cli.positive_int, default=None, help="torch CPU threads (1 on a shared machine)")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint root (default <cache>/checkpoints/rlvr)")
+    p.add_argument("--figures", type=Path, default=Path("figures"), help="where the training curves go")
+    args = p.parse_args(argv)
+    cli.check_output_dir(args.figures, "--figures")
+    if args.model is not None and not Path(args.model).is_dir():
+        p.error(f"--model {args.model!r} is not a Hugging Face checkpoint directory")
+    from reach_lens.tasks import TASK_NAMES
+
+    if args.task not in TASK_NAMES:
+        p.error(f"--task {args.task!r} unknown; valid: {', '.join(TASK_NAMES)}")
+    if args.recipe == "all" and (args.steps or args.lr):
+        p.error("--steps and --lr set one recipe's values: name it with --recipe grpo or --recipe sft")
+    return args
+
+
+def recipes_of(args: argparse.Namespace) -> list:
+    changes = {"task": args.task, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
+               "save_steps": args.save_steps}
+    if args.full:
+        changes["lora_r"] = None
+    elif args.lora_r is not None:
+        changes["lora_r"] = args.lora_r
+    for name, key in (("steps", "steps"), ("lr", "learning_rate"), ("num_generations", "num_generations"),
+                      ("temperature", "temperature")):
+        if getattr(args, name) is not None:
+            changes[key] = getattr(args, name)
+    kinds = KINDS if args.recipe == "all" else (args.recipe,)
+    return [default_recipe(kind, **{k: v for k, v in changes.items()
+                                    if kind == "grpo" or k not in ("num_generations", "temperature")})
+            for kind in kinds]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import peft  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"training needs the rlvr extra: pip install -e '.[rlvr]' ({e})") from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from reach_lens.models import embedded_checkpoint_dir
+    from reach_lens.rlvr.train import LOG, read_metadata, train
+
+    base = Path(args.model) if args.model else embedded_checkpoint_dir()
+    root = args.out or checkpoints_root()
+    for recipe in recipes_of(args):
+        started = time.time()
+        path = train(recipe, base, root / recipe.name, source=args.source, log=SAY)
+        meta = read_metadata(path)
+        reward = (f"; reward (mean of 5 logging steps) {meta['reward_first']:.3f} -> {meta['reward_last']:.3f}"
+                  if meta.get("reward_first") is not None else "")
+        curve = plots.plot_rlvr_training(pd.read_csv(path / LOG), args.figures / f"rlvr_training_{recipe.name}.png",
+                                         f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, training split")
+        SAY(f"{recipe.kind}: {meta['steps']} steps, {meta['wall_seconds'] / 60:.1f} min of training "
+            f"({(time.time() - started) / 60:.1f} min this call){reward}; checkpoint {path}; curve {curve}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""Training recipes of the RLVR study: what is trained, on which split, with which hyperparameters.
+
+    recipe = default_recipe("grpo")              # TRL GRPOTrainer, the task's grader as the reward, LoRA
+    recipe = default_recipe("sft", steps=100)    # TRL SFTTrainer on gold answers, same split
+    recipe.name                                  # "grpo-arc_easy-lora16-250steps-s0-1a2b3c4d": its directory
+
+A recipe is a frozen, JSON-able value: its dict goes into the checkpoint's metadata, and its name (which
+carries a hash of every field) is the checkpoint's directory under ``cache_dir()/checkpoints/rlvr``, so
+two recipes never share a directory and a finished recipe is found again instead of retrained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from reach_lens.cache import cache_dir
+from reach_lens.protocol import canonical_json
+
+KINDS = ("grpo", "sft")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training run of the embedded (or any local Llama/Qwen-family) checkpoint.
+
+    ``lora_r`` None means full fine-tuning; otherwise LoRA of that rank on every linear layer, merged
+    into the weights when saved. GRPO draws ``num_generations`` completions for each of
+    ``prompts_per_step`` prompts per optimizer step at ``temperature``; SFT takes ``batch_size`` gold
+    completions per step. ``max_completion_length`` None means the task's own ``max_new_tokens(fmt)``.
+    """
+
+    kind: str
+    task: str = "arc_easy"
+    fmt: str = "native"
+    salt: str = "rlvr"
+    audit_share: float = 0.6
+    steps: int = 150
+    learning_rate: float = 2e-4
+    lora_r: int | None = 16
+    lora_alpha: int = 32
+    num_generations: int = 8
+    prompts_per_step: int = 1
+    temperature: float = 1.0
+    beta: float = 0.0
+    max_completion_length: int | None = None
+    batch_size: int = 8
+    seed: int = 0
+    save_steps: int = 25
+    logging_steps: int = 5
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"recipe kind {self.kind!r} unknown; valid: {list(KINDS)}")
+        for name in ("steps", "num_generations", "prompts_per_step", "batch_size", "save_steps", "logging_steps",
+                     "lora_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} out of range: expected an int >= 1")
+        if self.kind == "grpo" and self.num_generations < 2:
+            raise ValueError(f"num_generations {self.num_generations} out of range: GRPO needs >= 2 per prompt")
+        if self.lora_r is not None and (isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int)
+                                        or self.lora_r < 1):
+            raise ValueError(f"lora_r {self.lora_r!r} out of range: expected an int >= 1, or None for full fine-tuning")
+        if not 0 < self.audit_share < 1:
+            raise ValueError(f"audit_share {self.audit_share} out of range: expected a number strictly between 0 and 1")
+        if not self.learning_rate > 0 or not self.temperature > 0 or self.beta < 0:
+            raise ValueError(f"learning_rate {self.learning_rate} and temperature {self.temperature} must be > 0, "
+                             f"beta {self.beta} >= 0")
+
+    @property
+    def tuning(self) -> str:
+        return "full" if self.lora_r is None else f"lora{self.lora_r}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Recipe:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown recipe fields {unknown}; valid: {sorted(names)}")
+        return cls(**d)
+
+    @property
+    def name(self) -> str:
+        digest = hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()[:8]
+        return f"{self.kind}-{self.task}-{self.tuning}-{self.steps}steps-s{self.seed}-{digest}"
+
+
+DEFAULTS = {
+    # sized by measurement on this 2-core CPU at one thread beside other jobs (README): ~12 s per step of
+    # 1 prompt x 8 completions (ended at the task's stop tokens, <= 8 tokens), so 150 steps fit 45 minutes
+    "grpo": dict(steps=150, learning_rate=2e-4, lora_r=16, num_generations=8, prompts_per_step=1, temperature=1.0),
+    # 8 gold answers per step, the same LoRA and split: 70 steps are about two epochs of the training split
+    "sft": dict(steps=70, learning_rate=2e-4, lora_r=16, batch_size=8),
+}
+
+
+def default_recipe(kind: str, **changes) -> Recipe:
+    """The recipe the study trains by default (``DEFAULTS``), with ``changes``."""
+    if kind not in KINDS:
+        raise ValueError(f"recipe kind {kind!r} unknown; valid: {list(KINDS)}")
+    return Recipe(kind=kind, **{**DEFAULTS[kind], **changes})
+
+
+def checkpoints_root() -> Path:
+    """``cache_dir()/checkpoints/rlvr``: where trained checkpoints live."""
+    return cache_dir() / "checkpoints" / "rlvr"
+
+
+def checkpoint_path(recipe: Recipe, root: Path | None = None) -> Path:
+    """The HF checkpoint directory of ``recipe`` (exists once training finished)."""
+    return (checkpoints_root() if root is None else Path(root)) / recipe.name

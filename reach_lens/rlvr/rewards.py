@@ -1,0 +1,53 @@
+"""The verifiable reward: the task's own grader on the completion, cut where the audit's generation stops.
+
+    reward = task_reward(task, questions, fmt="native")      # a TRL reward function
+    reward(prompts=[...], completions=["B", "C. a rock"], question_id=["q1", "q1"])   # -> [1.0, 0.0]
+
+TRL samples up to ``max_completion_length`` tokens and does not stop at the task's stop strings, so the
+reward first cuts each completion before its first stop string (as ``reach_lens.generate`` does for the
+audit), then grades it with ``task.grade``: 1.0 when correct, 0.0 when wrong, unparseable or empty. The
+reward a completion gets in training is therefore the grade the same text gets in the audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def cut_at_stops(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` cut before the earliest of ``stop_strings`` (unchanged when none occurs)."""
+    cuts = [text.find(s) for s in stop_strings if s and s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def completion_text(completion: Any) -> str:
+    """A TRL completion as text: a str, or a conversational list of messages (their contents joined)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    raise TypeError(f"completion {completion!r:.100} is neither text nor a list of messages")
+
+
+def task_reward(task: Any, questions: Sequence[Any], fmt: str = "native") -> Callable[..., list[float]]:
+    """A TRL reward function grading completions of ``questions`` (looked up by the ``question_id`` column)."""
+    by_id = {str(q.id): q for q in questions}
+    stops = tuple(task.stop_strings(fmt))
+
+    def task_grader(prompts: Sequence[Any], completions: Sequence[Any], question_id: Sequence[str],
+                    **_trl_extras: Any) -> list[float]:
+        # **_trl_extras: TRL passes every dataset column and its own hooks (trainer_state, log_metric, ...)
+        if len(completions) != len(question_id):
+            raise ValueError(f"{len(completions)} completions for {len(question_id)} question ids")
+        rewards = []
+        for qid, completion in zip(question_id, completions):
+            q = by_id.get(str(qid))
+            if q is None:
+                raise KeyError(f"question_id {qid!r} is not one of the {len(by_id)} training questions")
+            text = cut_at_stops(completion_text(completion), stops)
+            rewards.append(1.0 if text.strip() and task.grade(q, text).correct else 0.0)
+        return rewards
+
+    task_grader.__name__ = f"{task.name}_grader"
+    return task_grader

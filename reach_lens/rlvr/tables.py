@@ -1,0 +1,170 @@
+"""The study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
+
+    table5({"grpo": (base_K, grpo_K)}, floor)      # per pair: n, K, D/O of both, delta n_reachable
+    fates_table({"grpo": (base_K, grpo_K)})         # Figure 6a's counts
+    propensity({"grpo": (base, grpo)})              # Figure 7: realization by base hit-rate bin
+    table6({"grpo": (base_2K, grpo_2K)}, K, m)      # budget control: K and 2K from one set of 2K samples
+    table7({"base": base_2K, "grpo": ...}, K, m)    # lineage: deployed, majority vote, oracle
+    table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format control
+
+``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
+every oracle is reported beside the uniform guesser's ``1 - (1 - 1/m)^K`` (averaged over questions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from reach_lens import audit
+from reach_lens.rlvr.audit_run import records_at
+
+FATE_COLUMNS = {
+    "gains_from_reachable": ("realization", "newly_realized_from_reachable"),
+    "gains_from_unreachable": ("realization", "newly_realized_from_unreachable"),
+    "losses": ("realization", "lost"),
+    "entered_reachable": ("reachability", "entered_reachable"),
+    "left_reachable": ("reachability", "left_reachable"),
+}
+
+
+def guess_floor(m: int | Sequence[int] | None, K: int) -> float:
+    """P(a uniform guesser over m options names the gold one at least once in K tries), averaged over the
+    questions when ``m`` lists each question's option count; 0 for free-form answers (None)."""
+    if m is None:
+        return 0.0
+    counts = [m] if isinstance(m, int) else list(m)
+    if not counts or min(counts) < 1:
+        raise ValueError(f"option counts {counts[:10]} must be >= 1 (or None for free-form answers)")
+    return float(np.mean([1.0 - (1.0 - 1.0 / c) ** K for c in counts]))
+
+
+def _wilson(prefix: str, x: np.ndarray) -> dict:
+    x = np.asarray(x, dtype=bool)
+    lo, hi = audit.wilson_interval(int(x.sum()), len(x))
+    return {prefix: float(x.mean()) if len(x) else math.nan, f"{prefix}_lo": lo, f"{prefix}_hi": hi,
+            f"{prefix}_n": len(x)}
+
+
+def table5(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None, n_boot: int = 2000,
+           seed: int = 0) -> pd.DataFrame:
+    """The paper's Table 5, one row per (base, trained) pair of records at one K.
+
+    Columns: pair, n, K, floor, D_base, O_base, D_trained, O_trained (Wilson 95%, _lo/_hi), D_change, O_change
+    (paired bootstrap 95%), n_reachable_base/_trained, delta_n_reachable (with _lo/_hi = n x O_change's).
+    """
+    rows = []
+    for label, (base, trained) in pairs.items():
+        c = audit.paired_change(base, trained, n_boot=n_boot, seed=seed)
+        rows.append({"pair": label, "floor": guess_floor(m, c["K"]), **c})
+    return pd.DataFrame(rows)
+
+
+def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """Figure 6a: per pair, gains from base-reachable and from base-unreachable questions, losses, the net
+    deployed change (gains - losses, = trained - base realized count), entered and left the reachable set."""
+    rows = []
+    for label, (base, trained) in pairs.items():
+        f = audit.fates(base, trained)
+        counts = audit.fate_counts(f).set_index(["axis", "fate"])["count"]
+        row = {"pair": label, "n": len(f), "K": int(f["K_base"].iloc[0])}
+        row.update({name: int(counts[key]) for name, key in FATE_COLUMNS.items()})
+        row["net_deployed_change"] = row["gains_from_reachable"] + row["gains_from_unreachable"] - row["losses"]
+        row["net_reachable_change"] = row["entered_reachable"] - row["left_reachable"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
+               bins=audit.HIT_RATE_BINS) -> pd.DataFrame:
+    """Figure 7 for every pair: ``audit.realization_by_hit_rate_bin`` rows with pair and K columns."""
+    frames = []
+    for label, (base, trained) in pairs.items():
+        t = audit.realization_by_hit_rate_bin(base, trained, bins)
+        t.insert(0, "K", int(base["K"].iloc[0]))
+        t.insert(0, "pair", label)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _reach_at(records: pd.DataFrame, k: int) -> float:
+    """Mean over questions of the unbiased pass@k from all of each question's candidates."""
+    return float(np.mean([audit.pass_at_k(int(K), int(h), k) for K, h in zip(records["K"], records["hits"])]))
+
+
+def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: int | Sequence[int] | None,
+           n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Budget control from records of 2K samples: one row per pair and budget (K, 2K).
+
+    At each budget: O of base and trained on that many samples (the first K, or all 2K; Wilson 95%), their
+    gaps O - D, delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
+    each side estimated from all 2K samples (``reach_base_unbiased``, ``reach_trained_unbiased``).
+    """
+    rows = []
+    for label, (base, trained) in pairs.items():
+        total = int(base["K"].iloc[0])
+        for k in sorted({K, total}):
+            b, t = (records_at(base, k), records_at(trained, k)) if k != total else (base, trained)
+            c = audit.paired_change(b, t, n_boot=n_boot, seed=seed)
+            rows.append({"pair": label, "n": c["n"], "K": k, "samples": total, "floor": guess_floor(m, k),
+                         **{f"{x}_{s}{e}": c[f"{x}_{s}{e}"] for x in ("D", "O") for s in ("base", "trained")
+                            for e in ("", "_lo", "_hi")},
+                         "gap_base": c["O_base"] - c["D_base"], "gap_trained": c["O_trained"] - c["D_trained"],
+                         "delta_n_reachable": c["delta_n_reachable"], "delta_n_reachable_lo": c["delta_n_reachable_lo"],
+                         "delta_n_reachable_hi": c["delta_n_reachable_hi"],
+                         "reach_base_unbiased": _reach_at(base, k), "reach_trained_unbiased": _reach_at(trained, k)})
+    return pd.DataFrame(rows)
+
+
+def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[int] | None) -> pd.DataFrame:
+    """Lineage control: per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson 95%), O at all samples."""
+    rows = []
+    for label, records in checkpoints.items():
+        total = int(records["K"].iloc[0])
+        at_k = records_at(records, K) if K != total else records
+        rows.append({"checkpoint": label, "n": len(records), "K": K, "floor": guess_floor(m, K),
+                     **_wilson("D", at_k["d"]), **_wilson("vote", at_k["vote_correct"]), **_wilson("O", at_k["o"]),
+                     "samples": total, **_wilson("O_all", records["o"]), "floor_all": guess_floor(m, total),
+                     "format_failure_rate": float(at_k["format_failures"].sum() / (K * len(at_k)))})
+    return pd.DataFrame(rows)
+
+
+def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]], n_boot: int = 2000,
+           seed: int = 0) -> pd.DataFrame:
+    """Format control, per trained checkpoint: (base native records at K, trained native records at K, base
+    shared-format greedy rows, trained shared-format greedy rows).
+
+    Population P: questions base-reachable but not base-realized under the native protocol. Columns: pair,
+    n (all questions), n_pool (|P|), D_base/D_trained under each format (``_native``, ``_shared``; Wilson),
+    realized_native and realized_shared (share of P the trained checkpoint realizes in each format, Wilson),
+    base_realized_shared (share of P the base realizes in the shared format: gains the format alone gives),
+    retained (realized_shared / realized_native, percentile bootstrap over P; NaN when nothing is realized
+    natively).
+    """
+    rows = []
+    for label, (base, trained, base_shared, trained_shared) in cells.items():
+        ids = list(base["question_id"])
+        for name, t in (("trained", trained), ("base shared", base_shared), ("trained shared", trained_shared)):
+            if sorted(t["question_id"]) != sorted(ids):
+                raise ValueError(f"{label}: {name} rows are not the base's question set")
+        d = {k: t.set_index("question_id").loc[ids, "d"].astype(bool).to_numpy()
+             for k, t in (("bn", base), ("tn", trained), ("bs", base_shared), ("ts", trained_shared))}
+        pool = (base.set_index("question_id").loc[ids, "o"].astype(bool).to_numpy()) & ~d["bn"]
+        nat, sh = d["tn"][pool], d["ts"][pool]
+        retained = float(sh.mean() / nat.mean()) if nat.any() else math.nan
+        if nat.any():
+            idx = np.random.default_rng(seed).integers(0, len(nat), size=(n_boot, len(nat)))
+            ratios = [s.sum() / t.sum() for s, t in zip(sh[idx], nat[idx]) if t.sum() > 0]
+            lo, hi = (float(x) for x in np.quantile(ratios, [0.025, 0.975]))
+        else:
+            lo = hi = math.nan
+        rows.append({"pair": label, "n": len(ids), "n_pool": int(pool.sum()),
+                     **_wilson("D_base_native", d["bn"]), **_wilson("D_base_shared", d["bs"]),
+                     **_wilson("D_trained_native", d["tn"]), **_wilson("D_trained_shared", d["ts"]),
+                     **_wilson("realized_native", nat), **_wilson("realized_shared", sh),
+                     **_wilson("base_realized_shared", d["bs"][pool]),
+                     "retained": retained, "retained_lo": lo, "retained_hi": hi})
+    return pd.DataFrame(rows)

@@ -1,0 +1,243 @@
+"""The RLVR study's arithmetic on hand-built records whose answers are known: fates, delta n_reachable, propensity
+bins, budget / lineage / format tables; protocol mismatches refused; the verifiable reward; the id-hash split."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from reach_lens import audit
+from reach_lens.protocol import Protocol
+from reach_lens.records import make_record
+from reach_lens.rlvr import tables
+from reach_lens.rlvr.audit_run import check_comparable, records_at
+from reach_lens.rlvr.rewards import cut_at_stops, task_reward
+from reach_lens.rlvr.split import check_disjoint, ids_hash, split_questions
+from reach_lens.store import ProtocolMismatch
+from reach_lens.tasks import Question, get_task
+from reach_lens.tasks.mc import make_mc_question
+
+
+def cand(correct: bool, lp: float = -1.0) -> dict:
+    answer = "g" if correct else "x"
+    return {"text": answer, "answer": answer, "correct": correct, "mean_logprob": lp, "length": 1}
+
+
+def record(qid: str, d: int, hits, K: int = 4) -> dict:
+    """d: deployed correct; hits: an int (the first `hits` candidates correct) or a list of 0/1 per candidate."""
+    flags = [1] * hits + [0] * (K - hits) if isinstance(hits, int) else list(hits)
+    cands = [cand(bool(f)) for f in flags]
+    deployed = {"text": "g" if d else "x", "answer": "g" if d else "x", "correct": bool(d)}
+    return make_record(qid, "g", deployed, cands, vote=0)
+
+
+def table(rows, K: int = 4) -> pd.DataFrame:
+    return pd.DataFrame([record(q, d, h, K) for q, d, h in rows])
+
+
+# every fate on both axes: (qid, base (d, hits), trained (d, hits))
+CASES = [
+    ("gain_reach", (0, 2), (1, 3)),        # newly realized from base-reachable; stable reachable
+    ("gain_unreach", (0, 0), (1, 1)),      # newly realized from base-unreachable; entered reachable
+    ("lost", (1, 3), (0, 0)),              # lost; left reachable
+    ("lost_kept", (1, 1), (0, 2)),         # lost; stable reachable
+    ("stable_r", (1, 4), (1, 4)),          # stable realized
+    ("stable_u", (0, 0), (0, 0)),          # stable unrealized; stable unreachable
+    ("entered", (0, 0), (0, 2)),           # stable unrealized; entered reachable
+    ("left", (0, 1), (0, 0)),              # stable unrealized; left reachable
+]
+
+
+def pair():
+    base = table([(q, b[0], b[1]) for q, b, _ in CASES])
+    trained = table([(q, t[0], t[1]) for q, _, t in CASES])
+    return base, trained
+
+
+def test_every_fate_and_the_fates_table():
+    base, trained = pair()
+    counts = audit.fate_counts(audit.fates(base, trained))
+    assert (counts["count"] > 0).all(), counts[counts["count"] == 0]  # every fate occurs at least once
+    row = tables.fates_table({"rl": (base, trained)}).iloc[0]
+    assert (row.n, row.K) == (8, 4)
+    assert (row.gains_from_reachable, row.gains_from_unreachable, row.losses) == (1, 1, 2)
+    assert row.net_deployed_change == int(trained["d"].sum() - base["d"].sum()) == 0
+    assert (row.entered_reachable, row.left_reachable) == (2, 2)
+    assert row.net_reachable_change == int(trained["o"].sum() - base["o"].sum()) == 0
+
+
+def test_delta_n_reachable_and_table5():
+    base = table([("a", 0, 1), ("b", 0, 2), ("c", 1, 1), ("d", 0, 0), ("e", 0, 3)])
+    trained = table([("a", 1, 4), ("b", 1, 0), ("c", 1, 0), ("d", 0, 0), ("e", 0, 0)])
+    t5 = tables.table5({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
+    assert (t5.n, t5.K) == (5, 4)
+    assert (t5.n_reachable_base, t5.n_reachable_trained, t5.delta_n_reachable) == (4, 1, -3)
+    assert t5.D_base == pytest.approx(0.2) and t5.D_trained == pytest.approx(0.6)
+    assert t5.O_base == pytest.approx(0.8) and t5.O_trained == pytest.approx(0.2)
+    assert t5.O_change == pytest.approx(-0.6) and t5.D_change == pytest.approx(0.4)
+    assert (t5.O_base_lo, t5.O_base_hi) == pytest.approx(audit.wilson_interval(4, 5))
+    assert t5.O_change_lo <= t5.O_change <= t5.O_change_hi
+    assert (t5.delta_n_reachable_lo, t5.delta_n_reachable_hi) == pytest.approx((5 * t5.O_change_lo, 5 * t5.O_change_hi))
+    assert t5.floor == pytest.approx(1 - 0.75 ** 4)
+
+
+def test_propensity_bins_edges_and_empty_bin():
+    K = 20
+    base = table([("zero", 0, 0), ("e05", 0, 1), ("e15", 0, 3), ("e35", 0, 7), ("above", 0, 8), ("top", 0, 20),
+                  ("realized", 1, 10)], K=K)
+    trained = table([("zero", 1, 5), ("e05", 0, 1), ("e15", 1, 3), ("e35", 1, 7), ("above", 0, 8), ("top", 1, 20),
+                     ("realized", 0, 0)], K=K)
+    t = audit.realization_by_hit_rate_bin(base, trained)  # default bins 0, (0,5%], (5,15%], (15,35%], >35%
+    assert t["bin"].tolist() == ["0", "(0%, 5%]", "(5%, 15%]", "(15%, 35%]", "(35%, 100%]"]
+    # an edge belongs to the bin it closes: 1/20 = 5% in (0, 5%], 3/20 = 15% in (5, 15%], 7/20 = 35% in (15, 35%]
+    assert t["n"].tolist() == [1, 1, 1, 1, 2]  # the base-realized question is in no bin
+    assert t["realized"].tolist() == [1, 0, 1, 1, 1]
+    assert t["base_reachable"].tolist() == [False, True, True, True, True]
+    assert t["realization"].iloc[4] == pytest.approx(0.5)
+    assert (t["realization_lo"].iloc[4], t["realization_hi"].iloc[4]) == pytest.approx(audit.wilson_interval(1, 2))
+    # an empty bin is a row with n = 0 (realization NaN), never dropped
+    t2 = audit.realization_by_hit_rate_bin(base[base.question_id != "e05"], trained[trained.question_id != "e05"])
+    empty = t2.set_index("bin").loc["(0%, 5%]"]
+    assert empty["n"] == 0 and empty["realized"] == 0 and math.isnan(empty["realization"])
+    assert math.isnan(empty["realization_lo"]) and math.isnan(empty["realization_hi"])
+    prop = tables.propensity({"rl": (base, trained)})
+    assert set(prop["pair"]) == {"rl"} and (prop["K"] == K).all() and len(prop) == 5
+
+
+def test_fates_refuse_records_of_another_K():
+    base = table([("a", 0, 1)], K=4)
+    with pytest.raises(ValueError, match="candidate budgets differ"):
+        audit.fates(base, table([("a", 0, 1)], K=8))
+
+
+def test_records_at_and_budget_table():
+    # 8 samples; the first 4 decide reachability at K = 4
+    base = pd.DataFrame([record("a", 0, [0, 0, 0, 0, 1, 0, 0, 0], 8), record("b", 0, [1, 0, 0, 0, 0, 0, 0, 0], 8),
+                         record("c", 1, [0] * 8, 8)])
+    trained = pd.DataFrame([record("a", 1, [1] * 8, 8), record("b", 1, [0] * 8, 8), record("c", 1, [1] + [0] * 7, 8)])
+    at4 = records_at(base, 4)
+    assert at4["K"].tolist() == [4, 4, 4] and at4["hits"].tolist() == [0, 1, 0] and at4["o"].tolist() == [False, True,
+                                                                                                          False]
+    assert at4["d"].tolist() == [False, False, True]
+    with pytest.raises(ValueError, match="out of range"):
+        records_at(base, 9)
+    t6 = tables.table6({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
+    assert list(t6.index) == [4, 8] and (t6["samples"] == 8).all()
+    assert t6.loc[4, "O_base"] == pytest.approx(1 / 3) and t6.loc[8, "O_base"] == pytest.approx(2 / 3)
+    assert t6.loc[4, "delta_n_reachable"] == 1 and t6.loc[8, "delta_n_reachable"] == 0
+    # unbiased reach@4 from 8 samples: a and b have 1 hit of 8 -> 1 - C(7,4)/C(8,4) = 0.5 each; c has 0
+    assert t6.loc[4, "reach_base_unbiased"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+    assert t6.loc[8, "floor"] == pytest.approx(1 - 0.75 ** 8)
+    t7 = tables.table7({"base": base, "rl": trained}, K=4, m=[4, 4, 5]).set_index("checkpoint")
+    assert t7.loc["rl", "D"] == pytest.approx(1.0) and t7.loc["rl", "O"] == pytest.approx(2 / 3)
+    assert t7.loc["base", "O_all"] == pytest.approx(2 / 3) and t7.loc["base", "samples"] == 8
+    assert t7.loc["base", "floor"] == pytest.approx(np.mean([1 - 0.75 ** 4, 1 - 0.75 ** 4, 1 - 0.8 ** 4]))
+
+
+def test_format_table():
+    # pool = base-reachable, not base-realized: a, b, c (d is realized, e unreachable)
+    base = table([("a", 0, 1), ("b", 0, 2), ("c", 0, 4), ("d", 1, 2), ("e", 0, 0)])
+    trained = table([("a", 1, 4), ("b", 1, 4), ("c", 0, 4), ("d", 1, 4), ("e", 1, 1)])
+
+    def greedy(flags):
+        return pd.DataFrame({"question_id": list("abcde"), "d": [bool(f) for f in flags]})
+
+    t8 = tables.table8({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))}, n_boot=200).iloc[0]
+    assert (t8.n, t8.n_pool) == (5, 3)
+    assert t8.realized_native == pytest.approx(2 / 3) and t8.realized_shared == pytest.approx(1 / 3)
+    assert t8.base_realized_shared == pytest.approx(1 / 3)
+    assert t8.retained == pytest.approx(0.5) and t8.retained_lo <= t8.retained_hi
+    assert t8.D_trained_shared == pytest.approx(0.6) and t8.D_base_native == pytest.approx(0.2)
+    nothing = tables.table8({"rl": (base, base, greedy([0] * 5), greedy([0] * 5))}, n_boot=50).iloc[0]
+    assert nothing.realized_native == 0 and math.isnan(nothing.retained)
+
+
+def test_guess_floor():
+    assert tables.guess_floor(4, 1) == pytest.approx(0.25)
+    assert tables.guess_floor(4, 4) == pytest.approx(1 - 0.75 ** 4)
+    assert tables.guess_floor([2, 4], 2) == pytest.approx((0.75 + (1 - 0.75 ** 2)) / 2)
+    assert tables.guess_floor(None, 200) == 0.0
+
+
+# ---- protocols
+
+
+def protocol(**changes) -> Protocol:
+    fields = dict(study="rlvr_compare", model="base", weights="0123456789abcdef", task="arc_easy", source=None,
+                  split=None, questions="a" * 64, n=300, seed=0, fmt="native", grader="mc_letter/2", probe="sample",
+                  K=8, temperature=0.8, max_new_tokens=8, stop_strings=(".", "\n"), settings={"K": 4})
+    return Protocol(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("field, value", [("K", 16), ("temperature", 1.0), ("fmt", "shared"), ("grader", "mc_letter/1"),
+                                          ("questions", "b" * 64), ("settings", {"K": 2})])
+def test_comparison_refuses_protocols_that_differ_beyond_the_checkpoint(field, value):
+    base = protocol()
+    check_comparable({"base": base, "rl": protocol(model="rl-ckpt", weights="fedcba9876543210")})  # only the checkpoint
+    with pytest.raises(ProtocolMismatch, match=rf"rl vs base:\n  {field}"):
+        check_comparable({"base": base, "rl": protocol(model="rl-ckpt", **{field: value})})
+
+
+# ---- reward
+
+
+def test_reward_on_known_completions():
+    task = get_task("arc_easy")
+    q = make_mc_question("q1", "Which is a mammal?", ["trout", "whale", "shark", "eel"], 1)  # gold B
+    reward = task_reward(task, [q])
+    completions = ["B", "B. whale", "(B)", "C", "A. trout", "I am not sure", "", "   ", "C. Actually B", "B\nno, C"]
+    expected = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # the audit cuts at "." and "\n" before grading
+    assert reward(prompts=["p"] * 10, completions=completions, question_id=["q1"] * 10, trainer_state=None) == expected
+    assert reward.__name__ == "arc_easy_grader"
+    with pytest.raises(KeyError, match="not one of"):
+        reward(prompts=["p"], completions=["B"], question_id=["other"])
+    arith = get_task("basic_arithmetic")
+    q2 = Question("easy/x", "Calculate 741 * 16 =", "11856")
+    r2 = task_reward(arith, [q2])
+    assert r2(prompts=["p"] * 4, completions=["741 * 16 = 11856", "11856\n\n12", "11865", "no idea"],
+              question_id=["easy/x"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    assert cut_at_stops("ab.cd\nef", (".", "\n")) == "ab" and cut_at_stops("abc", (".",)) == "abc"
+
+
+# ---- split
+
+
+def test_salted_id_split_is_disjoint_and_stable():
+    qs = [Question(f"q{i}", "t", "A") for i in range(200)]
+    train, audit_side, split = split_questions(qs, "demo", salt="s", audit_share=0.5)
+    assert {q.id for q in train}.isdisjoint({q.id for q in audit_side}) and len(train) + len(audit_side) == 200
+    # a question's side depends on its id only: not on the others, or their order
+    _, audit2, split2 = split_questions(list(reversed(qs[:100])), "demo", salt="s", audit_share=0.5)
+    assert {q.id for q in audit2} == {q.id for q in audit_side if int(q.id[1:]) < 100}
+    d = split.to_dict()
+    assert d["audit_ids_sha256"] == ids_hash(q.id for q in audit_side) and d["n_train"] == len(train)
+    assert split_questions(qs, "demo", salt="other", audit_share=0.5)[2].to_dict()["audit_ids_sha256"] != \
+        d["audit_ids_sha256"]
+    check_disjoint([q.id for q in audit_side], split.train_ids)
+    with pytest.raises(ValueError, match="1 audit question"):
+        check_disjoint(["q1", "zz"], ["q1", "q2"])
+    with pytest.raises(ValueError, match="strictly between"):
+        split_questions(qs, "demo", audit_share=1.0)
+
+
+# ---- figures
+
+
+def test_rlvr_figures_draw_from_the_tables(tmp_path):
+    from reach_lens import plots
+
+    base, trained = pair()
+    pairs = {"rl": (base, trained), "sft": (base, base)}
+    t5 = tables.table5(pairs, m=4, n_boot=100).assign(T=0.8)
+    fates = tables.fates_table(pairs).assign(T=0.8)
+    prop = tables.propensity(pairs).assign(T=0.8)
+    t7 = tables.table7({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
+    paths = [plots.plot_rlvr_fates(fates, tmp_path / "fates.png"),
+             plots.plot_rlvr_changes(t5, tmp_path / "changes.png"),
+             plots.plot_rlvr_propensity(prop, tmp_path / "prop.png"), plots.plot_rlvr_lineage(t7, tmp_path / "lin.png")]
+    log = pd.DataFrame({"step": [5, 10, 15, 15], "reward": [0.2, 0.4, 0.3, np.nan], "reward_std": [0.4, 0.5, 0.4, np.nan]})
+    paths.append(plots.plot_rlvr_training(log, tmp_path / "train.png"))
+    paths.append(plots.plot_rlvr_training(pd.DataFrame({"step": [5, 10], "loss": [0.4, 0.3]}), tmp_path / "sft.png"))
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    with pytest.raises(ValueError, match="lacks columns"):
+        plots.plot_rlvr_changes(t5.drop(columns="T"), tmp_path / "x.png")
