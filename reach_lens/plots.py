@@ -678,6 +678,8 @@ def plot_gap_table(df: pd.DataFrame, path: Path | str) -> Path:
     ax.set_ylabel("share of questions correct")
     ax.set_ylim(0, 1.05)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {_n(df['T'])}; 95% intervals)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right", framealpha=0.95)
+    temperatures = sorted({float(t) for t in df["T"]})
+    ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {'/'.join(f'{t:g}' for t in temperatures)}; "
+                 "95% intervals)", fontsize=10)
     return _save(fig, path)
