@@ -56,6 +56,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def existing_path(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist: expected an existing file or directory")
+    return path
+
+
 def share(text: str) -> float:
     """A fraction strictly between 0 and 1."""
     value = _float(text)

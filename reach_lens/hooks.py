@@ -519,5 +519,16 @@ def intervention_from_dict(d: dict) -> Intervention:
 
 
 def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer) -> Hooks:
-    """All hooks of `interventions`, concatenated in order."""
-    return [h for iv in interventions for h in iv.hooks(model)]
+    """All hooks of `interventions`, concatenated in order (`through_saes` on a model with SAEs attached)."""
+    return through_saes([h for iv in interventions for h in iv.hooks(model)], model)
+
+
+def through_saes(hooks: Hooks, model: HookedTransformer) -> Hooks:
+    """`hooks` with each hook point that an attached SAELens SAE occupies renamed to that SAE's `hook_sae_output`
+    (what flows on from there), so e.g. `Silence("mlp", 3)` still zeroes what the MLP of layer 3 adds when an SAE
+    sits at `blocks.3.hook_mlp_out` (TransformerLens refuses hooks on the SAE's module itself). Other hooks, and
+    every hook on a model without SAEs, are returned unchanged."""
+    saes = getattr(model, "acts_to_saes", {})
+    occupied = {sae.cfg.metadata.hook_name_out or hook for hook, sae in saes.items()}
+    return [(f"{name}.hook_sae_output" if isinstance(name, str) and name in occupied else name, fn)
+            for name, fn in hooks]

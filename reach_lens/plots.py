@@ -18,7 +18,6 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 DPI = 150
 COMPONENT_COLORS = {"mlp": "tab:red", "attn": "tab:blue", "layer": "tab:gray"}
 ARM_COLORS = {"block": "tab:gray", "top": "tab:red", "random": "tab:blue"}
-ARM_LABELS = {"block": "whole block", "top": "top units along v", "random": "random units"}
 
 
 def _require(df: pd.DataFrame, columns: Sequence[str], figure: str) -> None:
@@ -271,36 +270,6 @@ def steering_figure(df: pd.DataFrame, title: str = "Steering along v", doses: di
     return fig
 
 
-def plot_units(df: pd.DataFrame, path: Path | str, title: str = "Top units vs random units") -> Path:
-    """Repair per case by arm: whole block, top units along v, random units; grouped bars with Wilson error bars.
-
-    Long table, columns: case, arm (block | top | random), repair, repair_lo, repair_hi, repair_n.
-    """
-    _require(df, ("case", "arm", "repair", "repair_lo", "repair_hi", "repair_n"), "units")
-    bad = sorted(set(df["arm"]) - set(ARM_COLORS))
-    if bad:
-        raise ValueError(f"units: arms {bad} not in {list(ARM_COLORS)}")
-    cases = list(dict.fromkeys(df["case"]))
-    arms = [a for a in ARM_COLORS if a in set(df["arm"])]
-    width = 0.8 / len(arms)
-    fig = Figure(figsize=(max(5.0, 1.2 * len(cases) + 2), 4.2))
-    ax = fig.add_subplot()
-    for j, arm in enumerate(arms):
-        g = df[df["arm"] == arm].set_index("case").reindex(cases)
-        x = np.arange(len(cases)) + (j - (len(arms) - 1) / 2) * width
-        y = g["repair"].to_numpy(dtype=float)
-        err = np.vstack([y - g["repair_lo"].to_numpy(dtype=float), g["repair_hi"].to_numpy(dtype=float) - y])
-        ax.bar(x, y, width, yerr=err, capsize=3, color=ARM_COLORS[arm], label=ARM_LABELS[arm])
-    n = df.groupby("case", sort=False)["repair_n"].max()
-    ax.set_xticks(np.arange(len(cases)), [f"{c}\n(n = {int(n[c])})" for c in cases], fontsize=8)
-    ax.set_ylabel("repair (failure set)")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title}\n({len(cases)} cases; 95% Wilson)", fontsize=10)
-    return _save(fig, path)
-
-
 # ---- routing and selection (tables of `reach_lens.routing.analysis`) ----------------------------------
 
 SERIES_COLORS = {"random": "tab:blue", "mcts": "tab:red", "hill_climb": "tab:green", "genetic": "tab:purple",
@@ -458,12 +427,14 @@ def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random un
         raise ValueError(f"units vs block: need one block row, one top row and random rows, got arms {list(df.arm)}")
     normalized = bool(np.isfinite(top.repair_vs_block.iloc[0]))
     value = "repair_vs_block" if normalized else "repair"
+    what = str(df.space.iloc[0]).split()[-1] if "space" in df else "units"  # units | latents
     k = int(block.repair_k.iloc[0]), int(block.repair_n.iloc[0])
     fig = Figure(figsize=(9, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
     for ax, column, ylabel in ((ax1, value, "repair relative to the whole block" if normalized else
                                 "repair (the whole block repairs 0: not normalized)"),
-                               (ax2, "mass", "share of the block's output mass")):
+                               (ax2, "mass", "share of the SAE decoder's output mass" if what == "latents" else
+                                "share of the block's output mass")):
         heights = [float(top[column].iloc[0]), float(rand[column].mean())]
         sd = [0.0, float(rand[column].std(ddof=1)) if len(rand) > 1 else 0.0]
         bars = ax.bar([0, 1], heights, 0.6, yerr=sd, capsize=4, color=[ARM_COLORS["top"], ARM_COLORS["random"]])
@@ -476,7 +447,7 @@ def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random un
         for bar, label, h, e in zip(bars, labels, heights, sd):
             ax.annotate(label, (bar.get_x() + bar.get_width() / 2, h + e), textcoords="offset points", xytext=(0, 3),
                         ha="center", va="bottom", fontsize=7)
-        ax.set_xticks([0, 1], ["top units along v", "random units (mean ± SD)"], fontsize=8)
+        ax.set_xticks([0, 1], [f"top {what} along v", f"random {what} (mean ± SD)"], fontsize=8)
         ax.set_ylabel(ylabel, fontsize=9)
         highest = max(h + e for h, e in zip(heights, sd))
         ax.set_ylim(0, max(1.0, highest * 1.3) if column != "mass" else max(0.05, highest * 1.4))

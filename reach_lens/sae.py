@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import Hooks, unit_output_mass
+from reach_lens.hooks import through_saes, unit_output_mass
 
 try:
     from sae_lens import SAE, HookedSAETransformer
@@ -152,17 +152,6 @@ def _hook_width(model: HookedTransformer, hook: str) -> int | None:
     if hook.endswith("attn.hook_z"):
         return cfg.n_heads * cfg.d_head
     return None
-
-
-def through_saes(hooks: Hooks, model: HookedTransformer) -> Hooks:
-    """``hooks`` with each hook point that an attached SAE occupies renamed to that SAE's ``hook_sae_output``
-    (what flows on from there), so e.g. ``Silence("mlp", 3).hooks(model)`` still zeroes what the MLP of layer 3
-    adds when an SAE sits at ``blocks.3.hook_mlp_out``. Other hooks, and every hook on a model without SAEs,
-    are returned unchanged."""
-    saes = getattr(model, "acts_to_saes", {})
-    occupied = {sae.cfg.metadata.hook_name_out or hook for hook, sae in saes.items()}
-    return [(f"{name}.hook_sae_output" if isinstance(name, str) and name in occupied else name, fn)
-            for name, fn in hooks]
 
 
 def latent_hook(sae: SAE) -> str:

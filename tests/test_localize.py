@@ -37,26 +37,56 @@ def screened_table(n: int = 200, seed: int = 1) -> pd.DataFrame:
 
 def test_panels_follow_the_criterion_and_are_disjoint():
     screened = screened_table()
-    panels = localize.build_panels(screened, seed=0)
     by_id = screened.set_index("question_id")
-    for row in panels.itertuples():
-        rec, gen = by_id.loc[row.question_id, ["recognized", "generated"]]
-        assert rec and gen == (row.panel == "healthy")
-    assert panels.question_id.is_unique  # a question is in one panel and one role only
-    failure = set(screened.question_id[screened.recognized & ~screened.generated])
-    assert set(panels.question_id[panels.panel == "failure"]) == failure
-    assert {"calibration", "evaluation"} <= set(panels.role)
+    for rule in localize.HEALTHY_RULES:
+        panels = localize.build_panels(screened, seed=0, healthy_rule=rule)
+        for row in panels.itertuples():
+            rec, gen = by_id.loc[row.question_id, ["recognized", "generated"]]
+            if row.panel == "failure":
+                assert rec and not gen
+            else:
+                assert gen and (rec or rule == "already-correct")
+        assert panels.question_id.is_unique  # a question is in one panel and one role only
+        failure = set(screened.question_id[screened.recognized & ~screened.generated])
+        assert set(panels.question_id[panels.panel == "failure"]) == failure
+        assert {"calibration", "evaluation"} <= set(panels.role)
 
 
-def test_panels_depend_on_ids_only_not_on_order():
+def test_healthy_panel_defaults_to_the_papers_already_correct_questions():
     screened = screened_table()
-    a = localize.build_panels(screened, seed=3, max_evaluation=10)
-    b = localize.build_panels(screened.sample(frac=1.0, random_state=7), seed=3, max_evaluation=10)
-    key = ["panel", "role", "question_id"]
-    pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True))
-    assert (a[a.role == "evaluation"].groupby("panel").size() <= 10).all()
-    c = localize.build_panels(screened, seed=4)
-    assert set(c.question_id[c.role == "calibration"]) != set(a.question_id[a.role == "calibration"])
+    generated_only = set(screened.question_id[screened.generated & ~screened.recognized])
+    assert generated_only  # the table has questions generated correctly but not recognized
+    default = localize.build_panels(screened, seed=0)
+    assert set(default.question_id[default.panel == "healthy"]) == set(screened.question_id[screened.generated])
+    strict = localize.build_panels(screened, seed=0, healthy_rule="recognized-and-correct")
+    assert not generated_only & set(strict.question_id[strict.panel == "healthy"])
+    with pytest.raises(ValueError, match="healthy rule 'both'"):
+        localize.build_panels(screened, seed=0, healthy_rule="both")
+
+
+def test_panel_caps_keep_the_lowest_hashes_of_each_split():
+    screened = screened_table()
+    full = localize.build_panels(screened, seed=2)
+    capped = localize.build_panels(screened, seed=2, max_evaluation=7, max_calibration=5)
+    sizes = localize.panel_sizes(capped)
+    assert sizes == {(p, r): 7 if r == "evaluation" else 5 for p in ("failure", "healthy")
+                     for r in ("calibration", "evaluation")}
+    for (panel, role), group in capped.groupby(["panel", "role"]):
+        kept = [localize.split_value(2, i) for i in group.question_id]
+        everyone = set(full.question_id[(full.panel == panel) & (full.role == role)])
+        dropped = [localize.split_value(2, i) for i in everyone - set(group.question_id)]
+        assert max(kept) < min(dropped)
+
+
+def test_too_small_panels_are_named_before_anything_runs():
+    screened = screened_table().assign(generated=False)  # nobody answers correctly: no healthy question at all
+    panels = localize.build_panels(screened, seed=0)
+    with pytest.raises(localize.PanelTooSmall, match=r"healthy calibration: 0; healthy evaluation: 0 .*need >= 5"):
+        localize.check_panels(panels, minimum=5)
+    ok = localize.build_panels(screened_table(), seed=0, max_evaluation=6, max_calibration=6)
+    localize.check_panels(ok, minimum=6)
+    with pytest.raises(localize.PanelTooSmall, match="need >= 7"):
+        localize.check_panels(ok, minimum=7)
 
 
 def test_panel_rates_arithmetic():
@@ -134,3 +164,16 @@ def test_planted_edit_lives_only_in_that_mlp(worded_model):
     assert torch.equal(base_silenced, planted_silenced)  # silencing the block removes the edit entirely
     with pytest.raises(ValueError, match="layer 9 out of range"):
         localize.plant_answer_failure(worded_model, 9, push, 1.0)
+
+
+def test_perturbed_activations_equal_full_forwards_under_each_intervention(worded_model):
+    prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9", "w10 w11"]
+    perturbations = [Silence("attn", 1), Silence("mlp", 2), Silence("mlp", 0), Silence("attn", 3)]
+    fast = localize.perturbed_last_activations(worded_model, prompts, 3, perturbations, batch_size=2)
+    for p, got in zip(perturbations, fast):
+        full = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post", 2, p.hooks(worded_model))
+        assert torch.allclose(got, full, atol=1e-5)
+    clean = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post")
+    assert not torch.allclose(fast[0], clean, atol=1e-3)  # the perturbation acted
+    with pytest.raises(ValueError, match="acts after layer 2"):
+        localize.perturbed_last_activations(worded_model, prompts, 2, [Silence("mlp", 3)])

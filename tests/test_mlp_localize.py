@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("screen", "panels", "layer_sweep", "evaluation", "margins", "steering", "units")
 
 
 def load_script():
@@ -17,55 +18,117 @@ def load_script():
     return module
 
 
+def small_args(out: Path) -> list[str]:
+    return ["--n", "50", "--layers", "12,24", "--max-eval", "6", "--max-calibration", "6", "--min-panel", "3",
+            "--alphas", "4", "--random-seeds", "2", "--unit-k", "8", "--out", str(out / "runs"),
+            "--figures", str(out / "figures")]
+
+
+def tables(run_dir: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_csv(run_dir / f"{name}.csv") for name in TABLES}
+
+
 @pytest.mark.integration
-def test_mlp_localize_end_to_end_and_resume(tmp_path, monkeypatch):
+def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     script = load_script()
-    args = ["--n", "60", "--layers", "12,24", "--max-eval", "6", "--alphas", "4", "--random-seeds", "2",
-            "--unit-k", "8", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
-    assert script.main(args) == 0
-    run_dir = next((tmp_path / "runs").iterdir())
-    sweep = pd.read_csv(run_dir / "layer_sweep.csv")
-    assert sorted(zip(sweep.layer, sweep.component)) == sorted((l, c) for l in (12, 24) for c in ("mlp", "attn", "layer"))
-    panels = pd.read_csv(run_dir / "panels.csv")
+    assert script.main(small_args(tmp_path / "a")) == 0
+    run_dir = next((tmp_path / "a" / "runs").iterdir())
+    out = tables(run_dir)
+    sweep = out["layer_sweep"]
+    assert sorted(zip(sweep.layer, sweep.component)) == sorted((l, c) for l in (12, 24) for c in ("mlp", "attn"))
+    assert set(sweep.role) == {"calibration"}  # the layer is chosen on calibration questions only
+    panels = out["panels"]
     assert panels.question_id.is_unique and set(panels.role) == {"calibration", "evaluation"}
-    screen = pd.read_csv(run_dir / "screen.csv").set_index("question_id")
-    for row in panels.itertuples():  # panels follow the criterion of the screen they were fixed from
-        assert screen.loc[row.question_id, "recognized"]
+    screen = out["screen"].set_index("question_id")
+    for row in panels.itertuples():  # panels follow the criterion (healthy: the paper's already-correct rule)
         assert screen.loc[row.question_id, "generated"] == (row.panel == "healthy")
+        assert screen.loc[row.question_id, "recognized"] or row.panel == "healthy"
+    evaluation = out["evaluation"]
+    n_eval = panels[panels.role == "evaluation"].panel.value_counts()
+    assert (evaluation.repair_n == n_eval["failure"]).all() and (evaluation.breakage_n == n_eval["healthy"]).all()
+    assert evaluation.label.iloc[0] == "identified" and "best other MLP" in " ".join(evaluation.label)
+    assert set(out["steering"].role) == {"calibration", "evaluation"}
     summary = (run_dir / "summary.md").read_text()
-    assert "Failure set" in summary and "Steering" in summary and "Wall time" in summary
+    for text in ("Which split chose what", "rule 'already-correct'", "Runner-ups chosen on calibration",
+                 "paired, Newcombe 95%", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time"):
+        assert text in summary
     for name in ("layer_sweep", "steering", "units"):
         assert (run_dir / f"{name}.png").stat().st_size > 5000
 
-    # a rerun over the same directory recomputes nothing and reproduces every table
-    calls = []
-    monkeypatch.setattr(script.probes, "deploy", lambda *a, **k: calls.append(1) or [])
-    monkeypatch.setattr(script.localize, "screen", lambda *a, **k: calls.append(1) or None)
-    before = {n: pd.read_csv(run_dir / f"{n}.csv") for n in ("layer_sweep", "steering", "units", "panels")}
-    assert script.main(args) == 0
-    assert calls == []
-    for name, table in before.items():
-        pd.testing.assert_frame_equal(pd.read_csv(run_dir / f"{name}.csv"), table)
+    # killed in the middle of the selection sweep, then resumed: the same tables as the uninterrupted run
+    from reach_lens import localize
+    answer, calls = localize.Conditions.answer, []
+
+    def dies_on_the_third_condition(self, questions, interventions):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return answer(self, questions, interventions)
+
+    monkeypatch.setattr(localize.Conditions, "answer", dies_on_the_third_condition)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(small_args(tmp_path / "b"))
+    monkeypatch.setattr(localize.Conditions, "answer", answer)
+    assert script.main(small_args(tmp_path / "b")) == 0
+    resumed = tables(next((tmp_path / "b" / "runs").iterdir()))
+    for name in TABLES:
+        pd.testing.assert_frame_equal(resumed[name], out[name], obj=name)
+
+    # a rerun over a finished directory recomputes nothing and reproduces every table
+    monkeypatch.setattr(localize.Conditions, "answer", lambda *a: pytest.fail("recomputed a condition"))
+    monkeypatch.setattr(localize, "screen", lambda *a, **k: pytest.fail("recomputed the screen"))
+    assert script.main(small_args(tmp_path / "a")) == 0
+    for name, table in tables(run_dir).items():
+        pd.testing.assert_frame_equal(table, out[name], obj=name)
 
 
 @pytest.mark.integration
-def test_planted_failure_is_localized_to_its_mlp(tmp_path):
+def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monkeypatch):
+    script = load_script()
+    from reach_lens import localize
+    screen = localize.screen
+    monkeypatch.setattr(localize, "screen", lambda *a, **k: screen(*a, **k).assign(generated=False))
+    monkeypatch.setattr(localize.Conditions, "answer", lambda *a: pytest.fail("an intervention ran"))
+    args = small_args(tmp_path)
+    args[args.index("--n") + 1] = "12"
+    with pytest.raises(SystemExit, match=r"healthy calibration: 0; healthy evaluation: 0"):
+        script.main(args)
+
+
+@pytest.mark.integration
+def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
+    """The easy control: a push towards one letter at MLP 25's output, the same on every question."""
     script = load_script()
     planted = 25
-    # PIQA: the model's correct answers are split between both letters, so a push towards one letter fails
-    # many of them (on ARC-Easy it answers "A" to most questions, leaving few non-"A" failures to plant)
+    # PIQA: the model's correct answers are split between both letters, so a push towards one letter fails many
     args = ["--task", "piqa", "--planted", str(planted), "--n", "120", "--layers", "9,16,24,25", "--max-eval", "12",
-            "--calibration-share", "0.25", "--alphas", "4", "--random-seeds", "2", "--unit-k", "8",
-            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+            "--max-calibration", "12", "--min-panel", "3", "--calibration-share", "0.4", "--alphas", "4",
+            "--random-seeds", "2", "--unit-k", "8", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "f")]
     assert script.main(args) == 0
     run_dir = next((tmp_path / "runs").iterdir())
-    sweep = pd.read_csv(run_dir / "layer_sweep.csv").set_index(["layer", "component"])
+    evaluation = pd.read_csv(run_dir / "evaluation.csv").set_index("name")
     # the pool answers correctly without the planted block, so silencing it undoes the edit exactly
-    assert sweep.loc[(planted, "mlp"), "repair"] == 1.0 and sweep.loc[(planted, "mlp"), "breakage"] == 0.0
-    assert sweep.loc[(planted, "mlp"), "repair_n"] >= 3
-    assert sweep.loc[(planted, "attn"), "repair"] < 0.5  # the component control
-    assert all(sweep.loc[(layer, "mlp"), "repair"] < 1.0 for layer in (9, 16, 24))
+    assert evaluation.loc[f"MLP {planted}", "label"] == "identified"
+    assert evaluation.loc[f"MLP {planted}", "repair"] == 1.0 and evaluation.loc[f"MLP {planted}", "breakage"] == 0.0
+    assert evaluation.loc[f"attention {planted}", "repair"] < 0.5  # the component control
     summary = (run_dir / "summary.md").read_text()
-    assert f"identified layer {planted}: localized correctly" in summary
-    screen = pd.read_csv(run_dir / "screen.csv")
+    assert f"Planted MLP {planted}, identified MLP {planted}: found" in summary
+    screen = pd.read_csv(run_dir / "screen.csv")  # the planted model's screen of the pool
     assert screen.recognized.mean() >= 0.9  # the edit barely moves recognition (the pool was all recognized)
+
+
+@pytest.mark.parametrize("bad", [["--layers", "3-x"], ["--alphas", "-2"], ["--max-eval", "0"], ["--n", "-1"],
+                                 ["--calibration-share", "1"], ["--planted", "3", "--planted-units", "4"],
+                                 ["--healthy-rule", "both"], ["--layer-rule", "biggest"], ["--prune", "1.5"],
+                                 ["--units", "sae", "--sae", "/no/such/sae"], ["--units", "latents"]])
+def test_bad_arguments_are_refused_before_anything_loads(bad, capsys):
+    with pytest.raises(SystemExit) as stop:
+        load_script().parse_args(bad)
+    assert stop.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_units_sae_needs_an_sae_path_and_says_so_before_loading_anything(monkeypatch):
+    script = load_script()
+    monkeypatch.setattr(script.cli, "load", lambda *a: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit, match="--units sae and --sae PATH go together"):
+        script.main(["--units", "sae"])

@@ -143,21 +143,6 @@ def test_plot_steering(tmp_path, drawn):
     np.testing.assert_allclose(np.asarray(bars[0].lines[0].get_xdata(), float), df.alpha * 0.97)
 
 
-def test_plot_units(tmp_path, drawn):
-    rows = [{"case": case, "arm": arm, **repair_rate([False] * n, [i < k for i in range(n)]).to_dict("repair")}
-            for case, n in (("smol/arc-e", 8), ("smol/arc-c", 5))
-            for arm, k in (("block", n - 1), ("top", n - 2), ("random", 1))]
-    df = pd.DataFrame(rows)
-    plots.plot_units(df, tmp_path / "units.png")
-    ax = drawn["units.png"].axes[0]
-    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
-    assert [b.get_label() for b in bars] == [plots.ARM_LABELS[a] for a in ("block", "top", "random")]
-    for container, arm in zip(bars, ("block", "top", "random")):
-        heights = [p.get_height() for p in container.patches]
-        np.testing.assert_allclose(heights, df[df.arm == arm].repair)
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["smol/arc-e\n(n = 8)", "smol/arc-c\n(n = 5)"]
-
-
 # ---------------------------------------------------------------- routing and selection
 
 
@@ -234,9 +219,9 @@ def test_missing_columns_are_named(tmp_path):
     curve = reach_curve(RECS, n_boot=10).drop(columns=["lo"])
     with pytest.raises(ValueError, match=r"reach curve: table lacks columns \['lo'\]"):
         plots.plot_reach_curve(curve, tmp_path / "x.png", "x")
-    with pytest.raises(ValueError, match="empty"):
-        plots.plot_units(pd.DataFrame(columns=["case", "arm", "repair", "repair_lo", "repair_hi", "repair_n"]),
-                         tmp_path / "y.png")
+    with pytest.raises(ValueError, match=r"units vs block: table lacks columns \['mass'\]"):
+        plots.plot_units_vs_block(pd.DataFrame(columns=["arm", "repair", "repair_k", "repair_n", "repair_vs_block"]),
+                                  tmp_path / "y.png")
     with pytest.raises(ValueError, match=r"recovery: table lacks columns \['collapsed'\]"):
         plots.plot_recovery(pd.DataFrame({"probe": ["r"], "selector": ["v"], "recovery": [0.1], "n": [1], "K": [2]}),
                             [("r", "r")], tmp_path / "z.png")

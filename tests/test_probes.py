@@ -112,7 +112,7 @@ def test_sample_seeds_per_question(model, arc, questions):
 def option_logliks(model, context: str, continuation: str) -> float:
     """Unbatched reference: one full forward over context + continuation."""
     ctx = encode(model, context)
-    cont = model.tokenizer(continuation)["input_ids"]
+    cont = model.tokenizer(continuation, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ctx + cont]))[0], -1)
     return sum(float(logp[len(ctx) - 1 + t, tok]) for t, tok in enumerate(cont))

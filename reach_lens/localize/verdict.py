@@ -1,0 +1,145 @@
+"""Which MLP block the study goes on with, its runner-ups, the margins between them, and the verdict.
+
+The layer and the runner-ups are chosen on the calibration sweep; margins and the verdict use the evaluation
+questions only. A **margin** is the paired difference of repair rates between the identified block and a
+runner-up over the same evaluation failures, with Newcombe's (1998) square-and-add interval for paired
+proportions (his method 10: Wilson score intervals of the two marginal rates, combined with the
+continuity-corrected correlation of the pairs). A locus is claimed only when every evaluated runner-up's
+margin interval lies above zero and the block's repair lies above its own breakage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from reach_lens.audit import Z95, wilson_interval
+
+LAYER_RULES = ("net", "repair")
+RULE_TEXT = {"net": "largest repair minus healthy breakage", "repair": "largest repair (the paper's rule)"}
+COMPONENT_NAMES = {"mlp": "MLP", "attn": "attention", "layer": "whole layer"}
+
+
+def component_name(component: str, layer: int) -> str:
+    return f"{COMPONENT_NAMES.get(component, component)} {int(layer)}"
+
+
+def _scored(sweep: pd.DataFrame, rule: str) -> pd.DataFrame:
+    """Rows ranked by ``rule`` (ties: lower breakage, then lower layer, then component name)."""
+    if rule not in LAYER_RULES:
+        raise ValueError(f"layer rule {rule!r} unknown; expected one of {LAYER_RULES}")
+    score = sweep.repair - sweep.breakage if rule == "net" else sweep.repair
+    return sweep.assign(score=score).sort_values(["score", "breakage", "layer", "component"],
+                                                 ascending=[False, True, True, True])
+
+
+def identify_layer(sweep: pd.DataFrame, rule: str = "net") -> int:
+    """The MLP block the study goes on with, from a sweep (columns layer, component, repair, breakage).
+
+    ``"repair"`` is the paper's rule: the largest MLP repair. ``"net"`` (default) takes the largest MLP repair
+    minus healthy breakage, so a block whose silencing breaks the model everywhere (repairing failures by
+    changing every answer) is not taken for a locus.
+    """
+    mlp = sweep[sweep.component == "mlp"]
+    if not len(mlp):
+        raise ValueError("the sweep has no MLP rows (component == 'mlp'); cannot identify a layer")
+    return int(_scored(mlp, rule).iloc[0].layer)
+
+
+def runner_ups(sweep: pd.DataFrame, layer: int, rule: str = "net", top: int = 3) -> pd.DataFrame:
+    """The best other components by ``rule``: the ``top`` best of any kind, plus the best other MLP block when it
+    is not among them. The identified MLP and the whole layer around it (which contains it) do not compete.
+
+    Columns: those of ``sweep``, score, rank (1 = best of any kind), label ("best component", "best other MLP",
+    both, or "runner-up k").
+    """
+    if top < 1:
+        raise ValueError(f"top {top} out of range: expected >= 1")
+    own = (sweep.layer == layer) & sweep.component.isin(["mlp", "layer"])
+    ranked = _scored(sweep[~own], rule).reset_index(drop=True)
+    if not len(ranked):
+        raise ValueError(f"no component besides MLP {layer} in the sweep: nothing to compare it with")
+    ranked["rank"] = np.arange(1, len(ranked) + 1)
+    chosen = ranked.head(top)
+    mlp = ranked[ranked.component == "mlp"]
+    if len(mlp) and mlp.index[0] not in chosen.index:
+        chosen = pd.concat([chosen, mlp.head(1)])
+    best_mlp = mlp.index[0] if len(mlp) else None
+    labels = []
+    for i in chosen.index:
+        names = (["best component"] if i == 0 else []) + (["best other MLP"] if i == best_mlp else [])
+        labels.append(", ".join(names) or f"runner-up {i + 1}")
+    return chosen.assign(label=labels).reset_index(drop=True)
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, z: float = Z95) -> dict:
+    """Difference of two rates over the same items, ``mean(a) - mean(b)``, with Newcombe's square-and-add 95%
+    interval for paired proportions (module docstring). ``a``, ``b``: boolean arrays of one length n >= 1.
+
+    Returns diff, lo, hi, n, a_only (items a gets and b misses), b_only.
+    """
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"paired outcomes must be two non-empty 1-D arrays of one length, got {a.shape} and {b.shape}")
+    n = len(a)
+    n11, n12, n21 = int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum())
+    n22 = n - n11 - n12 - n21
+    p1, p2 = (n11 + n12) / n, (n11 + n21) / n
+    l1, u1 = wilson_interval(n11 + n12, n, z)
+    l2, u2 = wilson_interval(n11 + n21, n, z)
+    margins = (n11 + n12, n21 + n22, n11 + n21, n12 + n22)
+    psi = 0.0
+    if min(margins) > 0:
+        cross = n11 * n22 - n12 * n21
+        if cross > n / 2:
+            psi = (cross - n / 2) / math.sqrt(math.prod(margins))
+        elif cross < 0:
+            psi = cross / math.sqrt(math.prod(margins))
+    diff = p1 - p2
+    lo = diff - math.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2), 0.0))
+    hi = diff + math.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1), 0.0))
+    return {"diff": diff, "lo": max(-1.0, lo), "hi": min(1.0, hi), "n": n, "a_only": n12, "b_only": n21}
+
+
+def margins(identified: pd.Series, others: dict[str, pd.Series]) -> pd.DataFrame:
+    """Paired repair margins of the identified block over each runner-up: ``others`` maps a runner-up's name to
+    its per-question outcomes on the same failures (bool Series indexed by question_id, as ``identified``).
+
+    Columns: name, diff, lo, hi, n, a_only (repaired only by the identified block), b_only.
+    """
+    rows = []
+    for name, outcome in others.items():
+        if set(outcome.index) != set(identified.index):
+            raise ValueError(f"{name}: outcomes over other questions than the identified block's; margins are paired")
+        paired = paired_difference(identified.to_numpy(), outcome.loc[identified.index].to_numpy())
+        rows.append({"name": name, **paired})
+    return pd.DataFrame(rows, columns=["name", "diff", "lo", "hi", "n", "a_only", "b_only"])
+
+
+def verdict(identified: str, rates: dict, margin_table: pd.DataFrame) -> dict:
+    """Whether ``identified`` (a name) is a locus, from its evaluation ``rates`` (repair/breakage with intervals)
+    and its ``margin_table`` over the runner-ups.
+
+    Returns locus (bool), ties (runner-ups whose margin interval contains 0), beaten_by (margin interval below
+    0), selective (repair interval above the breakage interval) and a sentence.
+    """
+    ties = [r.name for r in margin_table.itertuples() if r.lo <= 0 <= r.hi]
+    beaten = [r.name for r in margin_table.itertuples() if r.hi < 0]
+    selective = bool(rates["repair_lo"] > rates["breakage_hi"])
+    locus = bool(len(margin_table)) and not ties and not beaten and selective
+    if locus:
+        text = (f"{identified} is a locus: on the evaluation failures it repairs more than every runner-up (each "
+                "paired 95% interval above 0) and its repair interval lies above its breakage interval.")
+    else:
+        reasons = []
+        if ties:
+            reasons.append(f"{', '.join(ties)} tie{'s' if len(ties) == 1 else ''} with it (paired 95% interval of the "
+                           "repair difference contains 0)")
+        if beaten:
+            reasons.append(f"{', '.join(beaten)} repair{'s' if len(beaten) == 1 else ''} more (interval below 0)")
+        if not selective:
+            reasons.append("its repair interval does not lie above its breakage interval")
+        text = f"No locus claimed for {identified}: " + "; ".join(reasons or ["no runner-up was evaluated"]) + "."
+    return {"locus": locus, "ties": ties, "beaten_by": beaten, "selective": selective, "text": text}

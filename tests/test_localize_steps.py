@@ -1,0 +1,156 @@
+"""What each split chooses and measures, on scripted answers: the layer and runner-ups come from the calibration
+questions, every reported rate from the evaluation questions; each steering direction gets its own dose.
+Also the figures' data (read back from the artists)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from reach_lens import localize, plots
+from reach_lens.hooks import Silence, Steer
+from reach_lens.protocol import Protocol
+from reach_lens.store import RunStore
+from reach_lens.tasks import Question, get_task
+
+
+class Scripted(localize.Conditions):
+    """Conditions whose answers come from ``script(interventions, role, panel, index) -> correct``."""
+
+    def __init__(self, script, *args, **kwargs):
+        self.script, self.calls = script, []
+        super().__init__(*args, **kwargs)
+
+    def answer(self, questions, interventions):
+        place = self.panels.set_index("question_id")
+        self.calls.append((tuple(interventions), {place.loc[q.id, "role"] for q in questions}))
+        out = []
+        for q in questions:
+            role, panel = place.loc[q.id, ["role", "panel"]]
+            index = int(q.id.split("-")[-1])
+            out.append({"correct": bool(self.script(tuple(interventions), role, panel, index)), "answer": "A"})
+        return out
+
+
+def scripted(tmp_path, tiny_model, script, n=10):
+    questions = [Question(f"{p}-{r}-{i}", "?", "A", ("x", "y"), ("A", "B")) for p in ("failure", "healthy")
+                 for r in ("calibration", "evaluation") for i in range(n)]
+    panels = pd.DataFrame([{"question_id": q.id, "panel": q.id.split("-")[0], "role": q.id.split("-")[1]}
+                           for q in questions])
+    task = get_task("arc_easy")
+    protocol = Protocol(study="test", model="tiny", weights="0", task="arc_easy", source=None, split=None,
+                        questions="0" * 64, n=len(questions), seed=0, fmt="native", grader="mc_letter/2",
+                        probe="screen", K=None, temperature=0.0, max_new_tokens=8, stop_strings=())
+    store = RunStore(tmp_path / "run", protocol)
+    return Scripted(script, tiny_model, task, "native", store, panels, questions)
+
+
+def silencing_script(interventions, role, panel, index):
+    """Calibration: MLP 2 repairs 9/10 and breaks nothing, MLP 1 repairs 5/10. Evaluation: the reverse ranking
+    (MLP 1 repairs everything, MLP 2 nothing): a selection on evaluation questions would pick MLP 1."""
+    healthy = panel == "healthy"
+    if not interventions:
+        return healthy
+    (iv,) = interventions
+    if not isinstance(iv, Silence):
+        return healthy
+    repaired = {("calibration", "mlp", 2): index < 9, ("calibration", "mlp", 1): index < 5,
+                ("calibration", "attn", 0): index < 3, ("evaluation", "mlp", 1): True,
+                ("evaluation", "attn", 0): index < 8}.get((role, iv.component, iv.layer), False)
+    return healthy or repaired
+
+
+def test_the_layer_and_runner_ups_are_chosen_on_calibration_and_reported_on_evaluation(tmp_path, tiny_model):
+    conditions = scripted(tmp_path, tiny_model, silencing_script)
+    sweep = localize.selection_sweep(conditions, [0, 1, 2])
+    assert set(sweep.role) == {"calibration"} and all(roles == {"calibration"} for _, roles in conditions.calls)
+    assert sweep.set_index(["component", "layer"]).loc[("mlp", 2), "repair"] == 0.9
+    layer = localize.identify_layer(sweep, "net")
+    assert layer == 2  # calibration's best; the evaluation questions would have picked MLP 1
+    conditions.calls.clear()
+    table, margins, verdict = localize.evaluate_choice(conditions, sweep, layer, "net", top=2)
+    assert all(roles == {"evaluation"} for _, roles in conditions.calls)
+    rows = table.set_index("name")
+    assert list(rows.index[:3]) == ["MLP 2", "attention 2", "whole layer 2"]
+    assert rows.loc["MLP 2", "repair"] == 0 and rows.loc["MLP 2", "cal_repair"] == 0.9  # evaluation rates, reported
+    assert rows.loc["MLP 1", "label"] == "best component, best other MLP" and rows.loc["MLP 1", "repair"] == 1.0
+    assert rows.loc["attention 0", "label"] == "runner-up 2"
+    m = margins.set_index("name")
+    assert "whole layer 2" not in m.index and m.loc["MLP 1", "diff"] == -1.0 and m.loc["attention 0", "hi"] < 0
+    assert not verdict["locus"] and set(verdict["beaten_by"]) == {"MLP 1", "attention 0"}
+    assert localize.baseline_check(conditions)["repair_k"] == 0
+
+
+def test_a_resumed_condition_is_not_recomputed(tmp_path, tiny_model):
+    conditions = scripted(tmp_path, tiny_model, silencing_script)
+    conditions.run("silence-mlp-2", [Silence("mlp", 2)], "calibration")
+    again = scripted(tmp_path, tiny_model, silencing_script)  # a new process reading the same store
+    again.run("silence-mlp-2", [Silence("mlp", 2)], "calibration")
+    again.run("silence-mlp-2", [Silence("mlp", 2)], "evaluation", panels=("failure",))
+    assert len(again.calls) == 1 and again.calls[0][1] == {"evaluation"}
+    assert again.rates("silence-mlp-2", "calibration")["repair_k"] == 9
+
+
+def steering_script(interventions, role, panel, index):
+    """Rescue (negative alpha, failures): calibration best at alpha 8, evaluation best at 2. Induction (positive
+    alpha, healthy): calibration best at alpha 2, evaluation best at 8."""
+    (iv,) = interventions
+    alpha = abs(iv.alpha)
+    best = {("calibration", "failure"): 8, ("evaluation", "failure"): 2, ("calibration", "healthy"): 2,
+            ("evaluation", "healthy"): 8}[(role, panel)]
+    hits = 6 if alpha == best else 2
+    return index < hits if panel == "failure" else index >= hits
+
+
+def test_each_steering_direction_gets_its_own_dose_chosen_on_calibration(tmp_path, tiny_model):
+    conditions = scripted(tmp_path, tiny_model, steering_script)
+    table, doses = localize.steering(conditions, 1, torch.ones(tiny_model.cfg.d_model), [2.0, 4.0, 8.0])
+    assert doses == {"rescue": 8.0, "induction": 2.0}
+    for interventions, roles in conditions.calls:  # rescue runs on failures only, induction on healthy only
+        assert isinstance(interventions[0], Steer) and len(roles) == 1
+    ev = table[table.role == "evaluation"].set_index("alpha")
+    assert ev.loc[8.0, "rescue"] == 0.2 and ev.loc[2.0, "rescue"] == 0.6 and ev.loc[2.0, "induction"] == 0.2
+    assert set(table.role) == {"calibration", "evaluation", "random direction"}
+    rand = table[table.role == "random direction"]  # the control: a random direction of v's norm at each dose
+    doses_measured = list(zip(rand.alpha, rand.rescue.notna(), rand.induction.notna()))
+    assert doses_measured == [(8.0, True, False), (2.0, False, True)]
+    steers = [iv for ivs, _ in conditions.calls for iv in ivs]
+    norms = {round(float(np.linalg.norm(iv.v)), 4) for iv in steers}
+    assert norms == {round(float(np.sqrt(tiny_model.cfg.d_model)), 4)} and len({iv.v for iv in steers}) == 2
+
+
+def unit_rows(block_k=8, top_k=6, random_k=(1, 0, 2), n=10):
+    rows = [{"arm": "block", "repair_k": block_k}, {"arm": "top", "repair_k": top_k}]
+    rows += [{"arm": "random", "repair_k": k} for k in random_k]
+    df = pd.DataFrame(rows).assign(repair_n=n, mass=[1.0, 0.2, 0.02, 0.03, 0.025])
+    df["repair"] = df.repair_k / n
+    df["repair_vs_block"] = df.repair / (block_k / n) if block_k else np.nan
+    return df
+
+
+def test_units_figure_normalizes_by_the_block_with_random_sd_bars_and_n_labels():
+    fig = plots.units_vs_block_figure(unit_rows())
+    left, right = fig.axes
+    heights = [p.get_height() for p in left.patches]
+    assert heights == pytest.approx([6 / 8, np.mean([1, 0, 2]) / 8])
+    (bars,) = [c for c in left.containers if hasattr(c, "errorbar") and c.errorbar is not None]
+    segments = bars.errorbar.lines[2][0].get_segments()
+    assert segments[1][1][1] - segments[1][0][1] == pytest.approx(2 * np.std([1, 0, 2], ddof=1) / 8)
+    labels = [t.get_text() for t in left.texts]
+    assert labels == ["n = 10\n(6 repaired)", "n = 10 x 3 sets\n(mean 1.0 repaired)"]
+    assert "relative to the whole block" in left.get_ylabel() and "8/10" in fig._suptitle.get_text()
+    assert [p.get_height() for p in right.patches] == pytest.approx([0.2, 0.025])
+    raw = plots.units_vs_block_figure(unit_rows(block_k=0, top_k=0, random_k=(0, 0, 1))).axes[0]
+    assert "not normalized" in raw.get_ylabel() and raw.patches[1].get_height() == pytest.approx(1 / 30)
+
+
+def test_layer_sweep_figure_marks_runner_ups_and_the_evaluation_points():
+    rates = {"repair": 0.5, "repair_lo": 0.3, "repair_hi": 0.7, "repair_n": 10, "breakage": 0.1, "breakage_lo": 0.0,
+             "breakage_hi": 0.4, "breakage_n": 8}
+    sweep = pd.DataFrame([{"layer": l, "component": c, **rates} for l in range(4) for c in ("mlp", "attn")])
+    evaluation = pd.DataFrame([{"layer": 2, "component": c, **rates, "repair_n": 12} for c in ("mlp", "attn", "layer")])
+    marks = [("attn", 3, "best component"), ("mlp", 0, "best other MLP")]
+    fig = plots.layer_sweep_figure(sweep, 2, "t", runner_ups=marks, evaluation=evaluation)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "R1: attn 3 (best component)" in legend and "R2: mlp 0 (best other MLP)" in legend
+    assert any("evaluation split (n_fail = 12, n_healthy = 8)" in t for t in legend)
+    assert "calibration n_fail = 10, n_healthy = 8" in fig._suptitle.get_text()

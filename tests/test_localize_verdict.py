@@ -1,0 +1,91 @@
+"""Runner-ups, paired margins and the verdict of the MLP study, on hand-made sweeps and outcomes."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from reach_lens import localize
+
+
+def sweep_of(rows) -> pd.DataFrame:
+    """(component, layer, repair, breakage) tuples as a sweep table."""
+    return pd.DataFrame(rows, columns=["component", "layer", "repair", "breakage"])
+
+
+def outcomes(bits: str, prefix: str = "q") -> pd.Series:
+    return pd.Series([b == "1" for b in bits], index=[f"{prefix}{i}" for i in range(len(bits))])
+
+
+def test_paired_interval_matches_the_published_newcombe_square_and_add_value():
+    # Cavo et al. (2012) paired 2x2 table [[59, 6], [16, 80]]: Newcombe's square-and-add interval for
+    # p1+ - p+1 is -0.0621 (-0.1186 to -0.0046) (R package contingencytables, chapter 8 tests)
+    a = np.array([1] * 59 + [1] * 6 + [0] * 16 + [0] * 80, dtype=bool)
+    b = np.array([1] * 59 + [0] * 6 + [1] * 16 + [0] * 80, dtype=bool)
+    m = localize.paired_difference(a, b)
+    assert m["diff"] == pytest.approx(-0.0621, abs=5e-5)
+    assert m["lo"] == pytest.approx(-0.1186, abs=5e-5) and m["hi"] == pytest.approx(-0.0046, abs=5e-5)
+    assert (m["n"], m["a_only"], m["b_only"]) == (161, 6, 16)
+
+
+def test_paired_interval_edges():
+    same = localize.paired_difference(np.ones(10, bool), np.ones(10, bool))
+    assert same["diff"] == 0 and same["lo"] < 0 < same["hi"]  # identical outcomes: a tie, never a margin
+    all_vs_none = localize.paired_difference(np.ones(12, bool), np.zeros(12, bool))
+    assert all_vs_none["diff"] == 1 and 0.5 < all_vs_none["lo"] < 1 and all_vs_none["hi"] == 1
+    one_more = localize.paired_difference(np.array([1, 0, 0, 0, 0, 0, 0, 0], bool), np.zeros(8, bool))
+    assert one_more["diff"] == pytest.approx(1 / 8) and one_more["lo"] < 0  # one question is no margin at n = 8
+    with pytest.raises(ValueError, match="one length"):
+        localize.paired_difference(np.ones(3, bool), np.ones(4, bool))
+
+
+def test_runner_ups_exclude_the_block_and_its_whole_layer_and_name_the_best_other_mlp():
+    sweep = sweep_of([("mlp", 5, 0.9, 0.0), ("layer", 5, 1.0, 0.0), ("attn", 5, 0.2, 0.0), ("attn", 7, 0.8, 0.1),
+                      ("attn", 2, 0.6, 0.0), ("mlp", 3, 0.5, 0.4), ("mlp", 8, 0.3, 0.0), ("attn", 9, 0.6, 0.0)])
+    assert localize.identify_layer(sweep, "net") == 5
+    net = localize.runner_ups(sweep, 5, "net", top=2)
+    assert list(zip(net.component, net.layer)) == [("attn", 7), ("attn", 2), ("mlp", 8)]  # ties: lower layer first
+    assert list(net.label) == ["best component", "runner-up 2", "best other MLP"]
+    repair = localize.runner_ups(sweep, 5, "repair", top=1)  # the paper's rule ranks by repair alone
+    assert list(zip(repair.component, repair.layer, repair.label)) == [("attn", 7, "best component"),
+                                                                        ("mlp", 3, "best other MLP")]
+    both = localize.runner_ups(sweep_of([("mlp", 1, 0.9, 0), ("mlp", 2, 0.8, 0), ("attn", 2, 0.1, 0)]), 1, top=1)
+    assert list(both.label) == ["best component, best other MLP"]
+    with pytest.raises(ValueError, match="nothing to compare"):
+        localize.runner_ups(sweep_of([("mlp", 1, 0.9, 0), ("layer", 1, 0.9, 0)]), 1)
+
+
+def test_margins_are_paired_over_the_same_failures():
+    identified = outcomes("1111111111110000")
+    table = localize.margins(identified, {"attention 7": outcomes("0000000000000000"),
+                                          "MLP 8": outcomes("1111111111110000"),
+                                          "MLP 3": outcomes("1111111111111111")})
+    by = table.set_index("name")
+    assert by.loc["attention 7", "diff"] == pytest.approx(0.75) and by.loc["attention 7", "lo"] > 0
+    assert by.loc["MLP 8", "diff"] == 0 and by.loc["MLP 8", "lo"] < 0 < by.loc["MLP 8", "hi"]
+    assert (by.loc["MLP 3", "a_only"], by.loc["MLP 3", "b_only"]) == (0, 4) and by.loc["MLP 3", "hi"] < 0.05
+    shuffled = outcomes("1111111111110000").iloc[::-1]  # the same outcomes in another order pair by question id
+    assert localize.margins(identified, {"x": shuffled}).iloc[0]["diff"] == 0
+    with pytest.raises(ValueError, match="paired"):
+        localize.margins(identified, {"other questions": outcomes("1111", prefix="z")})
+
+
+RATES = {"repair": 0.9, "repair_lo": 0.75, "repair_hi": 0.97, "breakage": 0.0, "breakage_lo": 0.0, "breakage_hi": 0.1}
+
+
+def test_verdict_claims_a_locus_only_above_every_runner_up():
+    identified = outcomes("1" * 20)
+    clear = localize.margins(identified, {"attention 7": outcomes("0" * 20), "MLP 8": outcomes("1" * 4 + "0" * 16)})
+    v = localize.verdict("MLP 5", RATES, clear)
+    assert v["locus"] and not v["ties"] and "MLP 5 is a locus" in v["text"]
+
+    tie = localize.margins(identified, {"attention 7": outcomes("0" * 20), "MLP 8": outcomes("1" * 19 + "0")})
+    v = localize.verdict("MLP 5", RATES, tie)
+    assert not v["locus"] and v["ties"] == ["MLP 8"]
+    assert v["text"].startswith("No locus claimed for MLP 5: MLP 8 ties with it")
+
+    beaten = localize.margins(outcomes("0" * 20), {"attention 7": outcomes("1" * 20)})
+    v = localize.verdict("MLP 5", RATES, beaten)
+    assert not v["locus"] and v["beaten_by"] == ["attention 7"] and "repairs more" in v["text"]
+
+    breaks_everything = {**RATES, "breakage": 1.0, "breakage_lo": 0.8, "breakage_hi": 1.0}
+    v = localize.verdict("MLP 5", breaks_everything, clear)
+    assert not v["locus"] and not v["selective"] and "breakage" in v["text"]
