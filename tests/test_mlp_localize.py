@@ -47,7 +47,11 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
     n_eval = panels[panels.role == "evaluation"].panel.value_counts()
     assert (evaluation.repair_n == n_eval["failure"]).all() and (evaluation.breakage_n == n_eval["healthy"]).all()
     assert evaluation.label.iloc[0] == "identified" and "best other MLP" in " ".join(evaluation.label)
-    assert set(out["steering"].role) == {"calibration", "evaluation"}
+    steering = out["steering"]
+    assert set(steering.role) == {"calibration", "evaluation", "random direction"}
+    # the random direction is measured on evaluation only, at the doses calibration chose
+    chosen = set(steering[steering.role == "random direction"].alpha)
+    assert chosen <= set(steering[steering.role == "evaluation"].alpha) and len(chosen) >= 1
     summary = (run_dir / "summary.md").read_text()
     for text in ("Which split chose what", "rule 'already-correct'", "Runner-ups chosen on calibration",
                  "paired, Newcombe 95%", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time"):
@@ -100,9 +104,10 @@ def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
     """The easy control: a push towards one letter at MLP 25's output, the same on every question."""
     script = load_script()
     planted = 25
-    # PIQA: the model's correct answers are split between both letters, so a push towards one letter fails many
+    # PIQA: the push goes towards the pool's rarer gold letter, so only the few pool questions whose gold is that
+    # letter stay healthy (6 of 49 here); a calibration share of 0.6 leaves 3 of them on each side of the split
     args = ["--task", "piqa", "--planted", str(planted), "--n", "120", "--layers", "9,16,24,25", "--max-eval", "12",
-            "--max-calibration", "12", "--min-panel", "3", "--calibration-share", "0.4", "--alphas", "4",
+            "--max-calibration", "12", "--min-panel", "2", "--calibration-share", "0.6", "--alphas", "4",
             "--random-seeds", "2", "--unit-k", "8", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "f")]
     assert script.main(args) == 0
     run_dir = next((tmp_path / "runs").iterdir())
