@@ -144,6 +144,31 @@ def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alon
         assert gen.tokens == reference(model, p, 6, hooks=hooks_for(ivs, model))[0]
 
 
+def test_positioned_interventions_under_routes_whose_prefixes_are_prefilled_together(model):
+    """Routes of one prompt that share a depth run through one block call in the route trie: each row there
+    is still at its prompt's own positions (and each route equals that route run alone, and the plain block loop)."""
+    prompts = random_prompts([5, 13])
+    routes = [(0, 1, 2, 3), (0, 2, 2, 3), (0, 1, 1, 2, 3), (0, 2, 3, 3)]
+    v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    engine = engine_for(model)
+    for ivs in ([Steer(2, tuple(v.tolist()), 10.0, positions=(-1, 1))],
+                [Steer(1, tuple(v.tolist()), 10.0, hook="resid_pre", positions=(3, 15))]):
+        hooks = hooks_for(ivs, model)
+        gens = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], hooks=hooks, batch_size=8)
+        plain = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], batch_size=8)
+        assert any(g.tokens != h.tokens or abs(g.token_logprobs[0] - h.token_logprobs[0]) > 1e-2
+                   for g, h in zip(gens, plain))  # the intervention acts
+        for (p, r), gen in zip([(p, r) for p in prompts for r in routes], gens):
+            single = engine.generate([greedy(p, 6, r)], hooks=hooks_for(ivs, model), batch_size=1)[0]
+            assert gen.tokens == single.tokens, (len(p), r)
+            assert gen.token_logprobs == pytest.approx(single.token_logprobs, abs=1e-4)
+    # absolute prefill positions equal the plain block loop's (a fresh prompt every step: positions >= 0)
+    ivs = [Steer(1, tuple(v.tolist()), 4.0, positions=(2, 4))]
+    for r in routes:
+        gen = engine.generate([greedy(prompts[1], 5, r)], hooks=hooks_for(ivs, model))[0]
+        assert gen.tokens == reference(model, prompts[1], 5, r, hooks=hooks_for(ivs, model))[0], r
+
+
 def test_samples_depend_on_prompt_route_temperature_and_seed_only(model):
     prompts = random_prompts([6, 11, 4])
 

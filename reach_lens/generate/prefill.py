@@ -130,12 +130,15 @@ class Prefiller:
         return resid
 
     def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Entry]:
-        """Block ``layer`` over rows of one prompt (no padding), with a fresh cache entry."""
+        """Block ``layer`` over rows of one prompt (no padding; several rows when route prefixes share a depth),
+        with a fresh cache entry; positioned hooks see every row at the prompt's positions 0..n-1."""
         device = self._device(layer)
         batch, n = resid.shape[:2]
         entry = Entry.empty(self.model, batch, n, device)
         ones = torch.ones((batch, n), dtype=torch.long, device=device)
-        out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
+        positions = torch.arange(n, device=device).expand(batch, n)
+        with row_positions(positions, torch.full((batch,), n, device=device)):
+            out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
         return out, entry
 
     def _clean(self, prompt: Path, depth: int) -> CleanPrefix:
@@ -166,7 +169,7 @@ class Prefiller:
         routes = list(dict.fromkeys(routes))
         n = len(prompt)
         device = self.model.embed.W_E.device
-        with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):
+        with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
             return self._shared(prompt, routes)
