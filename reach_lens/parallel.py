@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -89,6 +90,9 @@ def _worker_class():
             self.device = "cuda" if ray.get_gpu_ids() else "cpu"
 
         def run(self, payload: bytes, refs: dict[str, Any], part: Any) -> list:
+            for key in [k for k in self.models if k not in refs]:  # models the driver has let go of
+                del self.models[key]
+
             def model_of(key: str) -> HookedTransformer:
                 if key not in self.models:
                     model = ray.get(refs[key])
@@ -126,19 +130,29 @@ class RayPool:
                                  "ask for fewer --workers, fewer --threads, or stop the other actors")
         self.actors = [self._new_actor() for _ in range(workers)]
         self.refs: dict[str, Any] = {}
-        self.keys: dict[int, str] = {}
+        self.keys: dict[int, str] = {}  # id of a live model -> its key (dropped when the model is collected)
+        self.registered = 0
 
     def _new_actor(self):
         return _worker_class().options(**self.options).remote(None if "num_gpus" in self.options else self.threads)
 
     def _register(self, model: HookedTransformer) -> str:
+        """The key of ``model``'s copy in the object store, shipped on first use. Keys are never reused: when the
+        model is collected its entry goes (a later model at the same address is another model)."""
         import ray
 
         key = self.keys.get(id(model))
         if key is None:
-            key = self.keys[id(model)] = f"m{len(self.keys)}"
+            key = self.keys[id(model)] = f"m{self.registered}"
+            self.registered += 1
             self.refs[key] = ray.put(model)
+            weakref.finalize(model, self._forget, id(model), key)
         return key
+
+    def _forget(self, model_id: int, key: str) -> None:
+        if self.keys.get(model_id) == key:
+            del self.keys[model_id]
+        self.refs.pop(key, None)
 
     def map(self, fn: Chunk, parts: Sequence[Any]) -> Iterator[tuple[int, list]]:
         """Yield (part index, rows) as parts finish; a part whose actor died is run again on a fresh actor."""

@@ -61,6 +61,26 @@ def test_ray_pool_equals_local_pool(pool):
     assert dict(pool.map(rows_of, parts)) == local
 
 
+def test_a_collected_model_is_forgotten_and_its_successor_runs_its_own_weights(pool):
+    """Models are keyed by identity while alive: a model freed before the next one is loaded (as the studies do
+    between checkpoints) must not leave its key to whatever object later takes its address."""
+    import gc
+
+    def rows_of_model(m):
+        return lambda part: [engine_for(m).generate([Request(p, 4)])[0].tokens for p in part]
+
+    parts = [prompts(2, seed) for seed in range(2)]
+    first = make_tiny_model(seed=0)
+    dict(pool.map(rows_of_model(first), parts))
+    first_id, first_key = id(first), pool.keys[id(first)]
+    del first
+    gc.collect()
+    assert first_id not in pool.keys and first_key not in pool.refs
+    second = make_tiny_model(seed=7)
+    assert dict(pool.map(rows_of_model(second), parts)) == dict(parallel.LocalPool().map(rows_of_model(second), parts))
+    assert pool.keys[id(second)] != first_key
+
+
 def test_a_killed_actor_loses_nothing_and_duplicates_nothing(pool, tmp_path):
     model = make_tiny_model()
     parts = [prompts(2, seed) for seed in range(6)]
