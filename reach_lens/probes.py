@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import pandas as pd
 from transformer_lens import HookedTransformer
 
-from reach_lens.generate import Engine, LoglikRequest, Request, engine_for, row_seed
+from reach_lens.generate import Engine, LoglikRequest, NonFiniteLogits, Request, engine_for, row_seed
 from reach_lens.hooks import Hooks
 from reach_lens.records import candidate
 from reach_lens.tasks import Question, Task
@@ -38,6 +38,17 @@ def _engine(model: Model) -> Engine:
     if engine.tokenizer is None:
         raise ValueError("probes need a model with a tokenizer (prompts and completions are text)")
     return engine
+
+
+def _naming_questions(run, owners: Sequence[Question]):
+    """``run()``; a ``NonFiniteLogits`` it raises is raised again naming the question of the request concerned
+    (``owners[request]``)."""
+    try:
+        return run()
+    except NonFiniteLogits as error:
+        if error.request is None:
+            raise
+        raise NonFiniteLogits(f"question {owners[error.request].id!r}: {error}", request=error.request) from None
 
 
 def prompt_ids(model: Model, task: Task, questions: Sequence[Question], fmt: str) -> list[tuple[int, ...]]:
@@ -61,8 +72,8 @@ def deploy(model: Model, task: Task, questions: Sequence[Question], fmt: str, ho
            batch_size: int = 16, keep_hidden: bool = False) -> list[dict]:
     """Greedy decoding along the full path: one candidate per question."""
     engine = _engine(model)
-    gens = engine.generate(_requests(model, task, questions, fmt, keep_hidden=keep_hidden), hooks=hooks,
-                           batch_size=batch_size)
+    requests = _requests(model, task, questions, fmt, keep_hidden=keep_hidden)
+    gens = _naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size), questions)
     return [candidate(task, q, g, keep_hidden) for q, g in zip(questions, gens)]
 
 
@@ -79,7 +90,8 @@ def sample(model: Model, task: Task, questions: Sequence[Question], fmt: str, K:
     requests = [Request(p, budget, temperature=temperature, seed=row_seed(question_seed(seed, q.id), k),
                         stop_strings=stops, keep_hidden=keep_hidden)
                 for q, p in zip(questions, prompts) for k in range(K)]
-    gens = engine.generate(requests, hooks=hooks, batch_size=batch_size)
+    gens = _naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size),
+                             [q for q in questions for _ in range(K)])
     return [[candidate(task, q, g, keep_hidden) for g in gens[i * K:(i + 1) * K]] for i, q in enumerate(questions)]
 
 
@@ -96,7 +108,8 @@ def route(model: Model, task: Task, questions: Sequence[Question], fmt: str,
     budget, stops = task.max_new_tokens(fmt), task.stop_strings(fmt)
     requests = [Request(p, budget, route=tuple(r), stop_strings=stops, keep_hidden=keep_hidden)
                 for p, rs in zip(prompts, routes) for r in rs]
-    gens = iter(engine.generate(requests, hooks=hooks, batch_size=batch_size))
+    gens = iter(_naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size),
+                                  [q for q, rs in zip(questions, routes) for _ in rs]))
     return [[candidate(task, q, next(gens), keep_hidden) for _ in rs] for q, rs in zip(questions, routes)]
 
 
@@ -133,7 +146,8 @@ def recognize(model: Model, task: Task, questions: Sequence[Question], hooks: Ho
             requests.append(LoglikRequest(context_ids, cont_ids))
             owners.append(i)
             divisors.append(len(cont_ids) if norm == "tokens" else len(continuation.removeprefix(" ")))
-    logliks = engine.loglik(requests, hooks=hooks, batch_size=batch_size)
+    logliks = _naming_questions(lambda: engine.loglik(requests, hooks=hooks, batch_size=batch_size),
+                                [questions[i] for i in owners])
     per_question: list[list[float]] = [[] for _ in questions]
     per_question_norm: list[list[float]] = [[] for _ in questions]
     for i, ll, divisor in zip(owners, logliks, divisors):

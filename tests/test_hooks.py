@@ -367,6 +367,8 @@ def test_to_dict_is_plain_json():
         (lambda m: Steer(0, direction(m), 1.0, positions=()).hooks(m), "positions is empty"),
         (lambda m: Units(0, (64,), "zero").hooks(m), r"unit 64 out of range for d_mlp=64 \(0..63\)"),
         (lambda m: Units(0, (1,), "drop"), "unknown mode 'drop'"),
+        (lambda m: Units(1, (1.5,)), r"units must be integers, got 1.5 \(float\)"),
+        (lambda m: Units(1, (True,)), r"units must be integers, got True \(bool\)"),
         (lambda m: Units(0, (1,), "zero", scale=2.0), "scale=2.0 is only used with mode 'scale'"),
         (lambda m: Silence("layer", 0, "mean", mean=(0.0,) * 32).hooks(m), "one component"),
         (lambda m: Silence("mlp", 0, "mean", mean=(0.0,) * 5).hooks(m), r"shape \(5,\)"),

@@ -120,7 +120,11 @@ def test_silencing_a_layer_the_forward_does_not_use_changes_nothing(tiny_model):
     assert torch.equal(routed, routed_and_silenced)
     with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence("layer", 3)], tiny_model)):
         partial = tiny_model(tokens, stop_at_layer=3)
+        whole = tiny_model(tokens)
     assert torch.equal(partial, tiny_model(tokens, stop_at_layer=3))
+    assert not torch.allclose(whole, tiny_model(tokens))  # the same hooks act on a forward that runs layer 3
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence("layer", 2)], tiny_model)):
+        assert not torch.allclose(tiny_model(tokens, stop_at_layer=3), partial)  # and a layer it runs is silenced
     with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence("mlp", 2)], tiny_model)):
         silenced = tiny_model(tokens)
     assert not torch.allclose(silenced, tiny_model(tokens))  # the same silencing acts where the layer runs

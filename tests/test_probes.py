@@ -1,9 +1,8 @@
 """deploy / sample / recognize on a tiny random model with a character tokenizer (and the embedded model)."""
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from conftest import SHARED_DATA, make_tiny_model, needs_shared_data
 from transformer_lens import HookedTransformer
 
 from reach_lens.generate import Engine, Request, engine_for
@@ -184,13 +183,12 @@ def test_char_norm_divides_by_the_option_text_as_lm_eval_does(arc):
     assert frame.pred_norm[0] == 1 and frame.pred_sum[0] == 0
 
 
-ARC_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "arc" / "ARC-Easy-test.jsonl"
-
-
 @pytest.mark.integration
-@pytest.mark.skipif(not ARC_FILE.exists(), reason="needs the ARC-Easy test file")
+@needs_shared_data("arc/ARC-Easy-test.jsonl")
 def test_embedded_model_probes_on_arc():
     from reach_lens.models import load_model
+
+    ARC_FILE = SHARED_DATA / "arc" / "ARC-Easy-test.jsonl"
 
     m = load_model()
     task = get_task("arc_easy")
@@ -205,3 +203,37 @@ def test_embedded_model_probes_on_arc():
     assert frame.gold_rank[0] == 1 + sum(e > expected[qs[0].gold_index] + 2e-3 for e in expected)
     samples = sample(m, task, qs[:2], "native", K=4, temperature=0.8, seed=0)
     assert [len(s) for s in samples] == [4, 4]
+
+
+def test_non_finite_logits_are_an_error_naming_the_question_in_every_probe(model, arc, questions):
+    """A hook that writes NaN into the residual must stop a probe (NaN logits would read as an empty answer, a
+    run of one token, or a recognized gold option), naming the question, the step and the likely cause."""
+    from reach_lens.generate import NonFiniteLogits
+
+    def nan_for(prompt_length: int, decode_only: bool):
+        def write_nan(resid, hook):  # only the rows of one question's prompt (prefill) or every decode step
+            if decode_only and resid.shape[1] == 1:
+                return torch.full_like(resid, float("nan"))
+            if not decode_only and resid.shape[1] == prompt_length:
+                return torch.full_like(resid, float("nan"))
+            return resid
+        return [("blocks.1.hook_resid_post", write_nan)]
+
+    second = len(prompt_ids(model, arc, questions, "shared")[1])
+    assert len({len(p) for p in prompt_ids(model, arc, questions, "shared")}) == 3
+    probes = {"deploy": lambda hooks: deploy(model, arc, questions, "shared", hooks=hooks, batch_size=1),
+              "sample": lambda hooks: sample(model, arc, questions, "shared", K=2, temperature=0.8, seed=0,
+                                             hooks=hooks, batch_size=1),
+              "route": lambda hooks: route(model, arc, questions, "shared", [[(0, 1, 1)]] * 3, hooks=hooks,
+                                           batch_size=1)}
+    for name, run in probes.items():
+        with pytest.raises(NonFiniteLogits, match=r"question 'q2': non-finite logits for request \d+ .* at generated "
+                                                  r"token 0: .*a hook may have written non-finite values"):
+            run(nan_for(second, decode_only=False))
+        with pytest.raises(NonFiniteLogits, match=r"question 'q1': .* at generated token 1\b"):
+            run(nan_for(second, decode_only=True))
+    with pytest.raises(NonFiniteLogits, match=r"question 'q\d': non-finite logits for loglik request \d+") as raised:
+        recognize(model, arc, questions, hooks=[("blocks.0.hook_resid_post", lambda a, hook: a * float("nan"))])
+    owners = [q.id for q in questions for _ in q.options]  # one loglik request per option, in question order
+    assert str(raised.value).startswith(f"question {owners[raised.value.request]!r}:")
+    assert not model.hook_dict["blocks.1.hook_resid_post"].fwd_hooks  # nothing left behind

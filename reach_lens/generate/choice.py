@@ -18,7 +18,12 @@ from torch import Tensor
 
 
 class NonFiniteLogits(FloatingPointError):
-    """The model produced NaN or infinite logits (typically a hook wrote non-finite values into the residual)."""
+    """The model produced NaN or infinite logits (typically a hook wrote non-finite values into the residual);
+    ``request`` is the index of the first request concerned in the engine call (None when unknown)."""
+
+    def __init__(self, message: str, request: int | None = None):
+        super().__init__(message)
+        self.request = request
 
 
 def row_seed(seed: int, sample: int) -> int:
@@ -27,13 +32,14 @@ def row_seed(seed: int, sample: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def check_finite(logits: Float[Tensor, "rows d_vocab"], describe: Callable[[int], str]) -> None:
-    """Raise ``NonFiniteLogits`` naming the first row (``describe(row)``) whose logits hold NaN or +-inf."""
+def check_finite(logits: Float[Tensor, "rows d_vocab"], requests: Sequence[int], describe: Callable[[int], str]) -> None:
+    """Raise ``NonFiniteLogits`` for the first row whose logits hold NaN or +-inf, naming its request
+    (``requests[row]``, described by ``describe(request)``)."""
     finite = torch.isfinite(logits).all(-1)
     if not bool(finite.all()):
-        row = int((~finite).nonzero()[0, 0])
-        raise NonFiniteLogits(f"non-finite logits for {describe(row)}: the model produced NaN or inf (a hook may "
-                              "have written non-finite values into its activations)")
+        request = requests[int((~finite).nonzero()[0, 0])]
+        raise NonFiniteLogits(f"non-finite logits for {describe(request)}: the model produced NaN or inf (a hook may "
+                              "have written non-finite values into its activations)", request=request)
 
 
 def choose(logits: Float[Tensor, "rows d_vocab"], temperatures: Sequence[float],

@@ -24,7 +24,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
 from reach_lens.generate.attention import block_device, fast_attention, fast_attention_supported
-from reach_lens.generate.choice import NonFiniteLogits
+from reach_lens.generate.choice import check_finite
 from reach_lens.generate.loop import DecodeLoop
 from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
@@ -235,12 +235,8 @@ class TransformerLensEngine(Engine):
                 if model.cfg.normalization_type is not None:
                     picked = model.ln_final(picked[None])[0]
                 logits = apply_softcap(model.unembed(picked[None])[0], model.cfg.output_logits_soft_cap).float()
-                finite = torch.isfinite(logits).all(-1)
-                if not bool(finite.all()):
-                    bad = chunk[rows[int((~finite).nonzero()[0, 0])]]
-                    raise NonFiniteLogits(f"non-finite logits for loglik request {bad} (context of "
-                                          f"{len(requests[bad].context)} tokens): the model produced NaN or inf "
-                                          "(a hook may have written non-finite values into its activations)")
+                check_finite(logits, [chunk[r] for r in rows],
+                             lambda bad: f"loglik request {bad} (context of {len(requests[bad].context)} tokens)")
                 logp = torch.log_softmax(logits, dim=-1)
                 token_logp = logp[torch.arange(len(targets), device=logp.device), torch.tensor(targets, device=logp.device)]
                 sums = torch.zeros(len(chunk), dtype=torch.float64, device=CPU).index_add_(

@@ -139,7 +139,7 @@ class DecodeLoop:
     def _start(self, row_id: int) -> Prefilled:
         """Prefill (shared) and choose the row's first token."""
         pre = self._prefill(row_id)
-        check_finite(pre.logits[None], lambda _: self._describe(row_id))
+        check_finite(pre.logits[None], [row_id], self._describe)
         self._record(row_id, pre.logits[None], pre.hidden)
         return pre
 
@@ -280,7 +280,7 @@ class DecodeLoop:
             hidden = resid[:, -1]
             logits = self.prefiller.logits(hidden)
         self.lengths[live] += 1
-        check_finite(logits[live], lambda j: self._describe(self.slots[live[j]]))
+        check_finite(logits[live], [self.slots[s] for s in live], self._describe)
         rows = [self.slots[s] for s in live]
         chosen, logprobs, entropies = choose(logits[live], [self.rows[r].request.temperature for r in rows],
                                              [self.rows[r].generator for r in rows])
