@@ -23,8 +23,10 @@ Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, 
   The learned router (`reach_lens.routing.router`) maps a prompt's mean mid-depth residual to per-layer
   skip/keep/repeat; it trains on the routes this run's searches found correct in that space, pooled over the
   model's tasks and cross-fitted over questions (5 folds), and its greedy answer under its route is graded.
-A cell (model, task, space) whose random-route candidates fail answer extraction more often than
---collapse-threshold is flagged as format collapse: left out of the clean counts and drawn hollow.
+A cell (model, task, space) whose structured-search candidates fail answer extraction more often than
+--collapse-threshold is flagged as format collapse: left out of the clean counts and drawn hollow. The flag does
+not depend on the random law; how often the random routes themselves lose the answer format is reported beside
+it (random_format_failure_rate, and in the figures' titles).
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vote-k", type=cli.positive_int, default=16, help="k of the random-route vote in Table 1")
     p.add_argument("--mcts-k", type=cli.positive_int, default=50, help="simulations of the MCTS oracle in Table 1")
     p.add_argument("--collapse-threshold", type=cli.share, default=0.5,
-                   help="format-failure share of random-route candidates above which a cell is 'collapsed'")
+                   help="format-failure share of the structured searches' candidates above which a cell is 'collapsed'")
     args = p.parse_args(argv)
     if "random" not in args.methods:
         p.error("--methods must include 'random' (every comparison is against it)")

@@ -301,7 +301,9 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
                 ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
             ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D")
             flag = f", format collapse ({cell.format_failure_rate.iloc[0]:.0%})" if cell.collapsed.iloc[0] else ""
-            ax.set_title(f"{m} / {t} (n={cell.n.iloc[0]}){flag}", fontsize=9)
+            broken = (f"\nrandom routes without an answer: {cell.random_format_failure_rate.iloc[0]:.0%}"
+                      if "random_format_failure_rate" in cell else "")
+            ax.set_title(f"{m} / {t} (n={cell.n.iloc[0]}){flag}{broken}", fontsize=9)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_ylim(-0.02, 1.02)
@@ -338,7 +340,9 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
                     transform=ax.get_xaxis_transform(), fontsize=7)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(methods)), methods, fontsize=8)
-        ax.set_title(f"{space}\n", fontsize=9)
+        broken = (f"random routes without an answer: {d.random_format_failure_rate.mean():.0%} (cell mean)"
+                  if "random_format_failure_rate" in d else "")
+        ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
     fig.suptitle(f"Random minus structured search, one dot per model x task cell (n = {_n(diffs.n)} questions per "

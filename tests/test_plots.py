@@ -154,7 +154,8 @@ def routing_curves():
             rows.append(pd.DataFrame({"model": model, "task": task, "space": "skip", "series": series,
                                       "k": np.arange(1, 5), "value": value, "lo": value - 0.1, "hi": value + 0.1,
                                       "n": 5, "K": 4, "D": 0.3, "collapsed": collapsed,
-                                      "format_failure_rate": 0.8 if collapsed else 0.1}))
+                                      "format_failure_rate": 0.8 if collapsed else 0.1,
+                                      "random_format_failure_rate": 0.9 if collapsed else 0.25}))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -169,6 +170,7 @@ def test_plot_oracle_curves(tmp_path, drawn):
             np.testing.assert_allclose(line(ax, series).get_ydata(), g.value)
         assert line(ax, "deployed D").get_ydata()[0] == 0.3
     assert "format collapse (80%)" in piqa.get_title() and "collapse" not in easy.get_title()
+    assert "random routes without an answer: 25%" in easy.get_title()
     assert "n = 5, K = 4" in fig._suptitle.get_text()
     with pytest.raises(ValueError, match="no rows for action space 'segments'"):
         plots.plot_oracle_curves(curves, "segments", tmp_path / "x.png")
@@ -176,7 +178,8 @@ def test_plot_oracle_curves(tmp_path, drawn):
 
 def test_plot_random_minus_structured(tmp_path, drawn):
     diffs = pd.DataFrame({"space": "skip", "method": ["mcts", "mcts", "genetic"], "diff": [0.25, -0.5, 0.0],
-                          "collapsed": [False, True, False], "n": 4, "K": 8})
+                          "collapsed": [False, True, False], "n": 4, "K": 8,
+                          "random_format_failure_rate": [0.9, 0.6, 0.9]})
     counts = pd.DataFrame({"space": "skip", "method": ["mcts", "genetic"], "random_better": [1, 0], "tie": [0, 1],
                            "structured_better": [0, 0]})
     plots.plot_random_minus_structured(diffs, counts, tmp_path / "diff.png")
@@ -186,6 +189,7 @@ def test_plot_random_minus_structured(tmp_path, drawn):
     hollow = [ln.get_ydata()[0] for ln in dots if ln.get_markerfacecolor() == "none"]
     assert hollow == [-50.0]
     assert sorted(t.get_text() for t in ax.texts) == ["0 / 1 / 0", "1 / 0 / 0"]
+    assert "random routes without an answer: 80% (cell mean)" in ax.get_title()
 
 
 def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_median(tmp_path, drawn):

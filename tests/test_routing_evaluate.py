@@ -154,7 +154,7 @@ def test_routing_analysis_oracle_vote_and_differences():
 
     full, a, b, c = (0, 1, 2), (0, 2), (1, 2), (0, 1)
     # question q1: full wrong ("A"), a right ("B"), b wrong ("C"), c wrong ("A"); gold B
-    answers = {("q1", full): ("A", False), ("q1", a): ("B", True), ("q1", b): ("C", False), ("q1", c): ("A", False),
+    answers = {("q1", full): ("A", False), ("q1", a): ("B", True), ("q1", b): (None, False), ("q1", c): ("A", False),
                ("q2", full): ("B", True), ("q2", a): (None, False), ("q2", b): ("B", True), ("q2", c): ("A", False)}
 
     def cands(q):
@@ -175,9 +175,10 @@ def test_routing_analysis_oracle_vote_and_differences():
     assert pq["qids"] == ["q1", "q2"] and list(pq["D"]) == [0.0, 1.0] and list(pq["router"]) == [1.0, 1.0]
     assert pq["oracle"][("skip", "random")].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     assert pq["oracle"][("skip", "mcts")].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]  # ended early: padded
-    # q1 votes: A | A,A | A,A,B -> A | A,A,B,C -> A ; q2: B | B,None -> B | B,None,A -> tie B/A, first | B wins
+    # q1 votes: A | A,A | A,A,B -> A | A,A,B,None -> A ; q2: B | B,None -> B | B,None,A -> tie B/A, first | B wins
     assert pq["vote"]["skip"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
-    assert pq["format_failures"]["skip"] == 1 / 8
+    # format failures: the structured searches' 4 distinct candidates (q1's b), and the random routes' 8 (b, q2's a)
+    assert pq["format_failures"]["skip"] == 1 / 4 and pq["random_format_failures"]["skip"] == 2 / 8
     assert analysis.found_routes(searches, "skip")["q1"][:2] == [(full, 0.0), (c, 0.0)]
 
     tables = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4, vote_k=2, mcts_k=2)
@@ -198,6 +199,11 @@ def test_routing_analysis_oracle_vote_and_differences():
     collapsed = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4,
                                  collapse_threshold=0.1)
     assert collapsed["random_minus_structured"].collapsed.all()
+    # random routes that break the format (as a uniform law's can) do not make the cell collapsed: they are its result
+    pq["random_format_failures"]["skip"] = 0.95
+    broken = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4, collapse_threshold=0.3)
+    row = broken["random_minus_structured"].iloc[0]
+    assert not row.collapsed and row.random_format_failure_rate == 0.95 and row.format_failure_rate == 0.25
     c = collapsed["direction_counts"].iloc[0]
     assert (c.clean_cells, c.collapsed_cells, c.random_better) == (0, 1, 0)
 

@@ -12,9 +12,12 @@ Table 1's pooled row ("all questions pooled") is the mean over every question of
 together. The paper's pool column is defined differently: its value exceeds every one of its task columns,
 which no average of those columns can do, so the two are not comparable.
 
-Format collapse: a cell whose candidates (random-route candidates of the space, or a selection probe's
-candidates) fail answer extraction more often than ``collapse_threshold`` is flagged ``collapsed``; it stays
-in the tables and is left out of the clean counts and medians (the figures draw it hollow).
+Format collapse: a cell whose candidates fail answer extraction more often than ``collapse_threshold`` is
+flagged ``collapsed``; it stays in the tables and is left out of the clean counts and medians (the figures draw
+it hollow). In the routing study the candidates are those of the structured searches of the space (each
+distinct route once), so the flag does not depend on the law of the random routes it compares them with (a
+law whose routes break the answer format is a finding, reported as ``random_format_failure_rate``, not a reason
+to drop the cell); in the selection study, a probe's candidates.
 """
 from __future__ import annotations
 
@@ -42,16 +45,19 @@ def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataF
     Keys: ``qids`` (sorted), ``D`` [n] (the full path's greedy correctness), ``oracle[(space, method)]`` [n, K]
     (max reward among the first k routes; a search that ended early keeps its last value), ``vote[space]`` [n, K]
     (majority vote over the first k random routes, correct or not), ``format_failures[space]`` (share of the
-    random routes' candidates without an extractable answer) and, with ``router``, ``router`` [n] (its
-    route's greedy correctness).
+    structured searches' distinct route candidates without an extractable answer; the random routes' when no
+    structured search ran), ``random_format_failures[space]`` (the same share over the random routes) and, with
+    ``router``, ``router`` [n] (its route's greedy correctness).
     """
     rows = searches.set_index("question_id").sort_index()
     full = tuple(range(n_layers))
-    out: dict = {"qids": list(rows.index), "oracle": {}, "vote": {}, "format_failures": {}}
+    out: dict = {"qids": list(rows.index), "oracle": {}, "vote": {}}
     by_route = [{tuple(c["route"]): c for c in cands} for cands in rows.candidates]
     out["D"] = np.array([float(c[full]["correct"]) for c in by_route])
     failures: dict[str, list[bool]] = {}
+    structured: dict[str, list[bool]] = {}
     for i, traces in enumerate(rows.searches):
+        seen: dict[str, set] = {}  # distinct routes of the structured searches, per space
         for t in traces:
             key = (t["space"], t["method"])
             o = out["oracle"].setdefault(key, np.zeros((len(rows), K)))
@@ -63,7 +69,14 @@ def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataF
                 vote = out["vote"].setdefault(t["space"], np.zeros((len(rows), K)))
                 picks = [float(cands[majority_vote(cands[:k])]["correct"]) for k in range(1, len(cands) + 1)]
                 vote[i] = picks + [picks[-1]] * (K - len(picks))
-    out["format_failures"] = {space: float(np.mean(f)) for space, f in failures.items()}
+            else:
+                routes = seen.setdefault(t["space"], set())
+                for r in map(tuple, t["routes"]):
+                    if r not in routes:
+                        routes.add(r)
+                        structured.setdefault(t["space"], []).append(by_route[i][r]["answer"] is None)
+    out["random_format_failures"] = {space: float(np.mean(f)) for space, f in failures.items()}
+    out["format_failures"] = {space: float(np.mean(structured.get(space) or f)) for space, f in failures.items()}
     if router is not None:
         out["router"] = router.set_index("question_id").loc[out["qids"], "correct"].to_numpy(dtype=float)
     return out
@@ -95,7 +108,8 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
         n = len(pq["qids"])
         for space in spaces:
             rate = pq["format_failures"][space]
-            flags = {"collapsed": rate > collapse_threshold, "format_failure_rate": rate}
+            flags = {"collapsed": rate > collapse_threshold, "format_failure_rate": rate,
+                     "random_format_failure_rate": pq["random_format_failures"][space]}
             series = {**{m: pq["oracle"][(space, m)] for m in methods}, "random vote": pq["vote"][space]}
             for name, values in series.items():
                 mean, lo, hi = curve_band(values, seed=seed)
