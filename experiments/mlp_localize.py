@@ -119,12 +119,16 @@ def main(argv=None) -> int:
     settings = {k: getattr(args, k) for k in ("recognition", "healthy_rule", "max_eval", "max_calibration",
                                               "calibration_share", "alphas", "unit_k", "random_seeds", "prune",
                                               "planted", "planted_units", "planted_k", "planted_share",
-                                              "planted_strength")}
+                                              "planted_strength", "units")}
+    if sae is not None:  # which SAE's latents the units step silences: another SAE is another run
+        from reach_lens.sae import describe_sae
+        settings["sae"] = describe_sae(sae)
     protocol = Protocol.of(study="mlp_localize", model=model, task=task, questions=questions, source=args.source,
                            split=args.split, seed=args.seed, fmt=args.fmt, probe="screen",
                            settings={**settings, "layers": layers})
     tag = f"{model.cfg.model_name}-{args.task}-n{len(questions)}-s{args.seed}"
     tag += "" if plant_layer is None else f"-planted{'-units' if plant == 'units' else ''}{plant_layer}"
+    tag += "" if sae is None else f"-sae{settings['sae']['weights'][:8]}"
     run_dir = args.out / tag
     store = RunStore(run_dir, protocol)
     say(f"run directory {run_dir} (resumes if interrupted)")

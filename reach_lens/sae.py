@@ -41,7 +41,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError('reach_lens.sae needs SAELens: pip install -e ".[sae]" (or pip install "sae-lens>=6.54,<7")') \
         from error
 
-__all__ = ["attach", "attached", "decoder_directions", "describe_saes", "latent_hook", "latent_output_mass",
+__all__ = ["attach", "attached", "decoder_directions", "describe_sae", "describe_saes", "latent_hook", "latent_output_mass",
            "load_sae", "through_saes", "to_sae_transformer", "top_latents_along"]
 
 
@@ -160,21 +160,24 @@ def latent_hook(sae: SAE) -> str:
     return f"{sae.cfg.metadata.hook_name_out or sae.cfg.metadata.hook_name}.hook_sae_acts_post"
 
 
+def describe_sae(sae: SAE) -> dict:
+    """One SAE, JSON-able, for a run's protocol: its hook points, architecture, ``d_in``, ``d_sae`` and a sha256
+    fingerprint of its weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(sae.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+    hook = sae.cfg.metadata.hook_name
+    return {"hook": hook, "architecture": sae.cfg.architecture(), "d_in": sae.cfg.d_in, "d_sae": sae.cfg.d_sae,
+            "hook_out": sae.cfg.metadata.hook_name_out or hook, "weights": digest.hexdigest()[:16]}
+
+
 def describe_saes(model: HookedTransformer) -> dict[str, dict]:
-    """The SAEs attached to ``model``, JSON-able, for a run's protocol: by hook, the architecture, ``d_in``,
-    ``d_sae``, output hook, ``use_error_term`` and a sha256 fingerprint of the SAE's weights."""
-    out = {}
-    for hook, wrapper in getattr(model, "_acts_to_saes", {}).items():
-        sae = wrapper.sae
-        digest = hashlib.sha256()
-        for name, tensor in sorted(sae.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
-        out[hook] = {"architecture": sae.cfg.architecture(), "d_in": sae.cfg.d_in, "d_sae": sae.cfg.d_sae,
-                     "hook_out": sae.cfg.metadata.hook_name_out or hook, "use_error_term": bool(wrapper.use_error_term),
-                     "weights": digest.hexdigest()[:16]}
-    return out
+    """The SAEs attached to ``model``, by hook: ``describe_sae`` of each (less the hook) and its ``use_error_term``."""
+    return {hook: {**{k: v for k, v in describe_sae(wrapper.sae).items() if k != "hook"},
+                   "use_error_term": bool(wrapper.use_error_term)}
+            for hook, wrapper in getattr(model, "_acts_to_saes", {}).items()}
 
 
 # ---------------------------------------------------------------- latents along a direction

@@ -122,6 +122,36 @@ def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
     assert screen.recognized.mean() >= 0.9  # the edit barely moves recognition (the pool was all recognized)
 
 
+@pytest.mark.integration
+def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path):
+    """--units sae --sae PATH: the top-k step silences SAE latents (the SAE attached with its error term); a run
+    with another SAE is another protocol and another directory, never a reuse of the first one's rows."""
+    sae_lens = pytest.importorskip("sae_lens", reason="SAELens is not installed (pip install -e '.[sae]')")
+    import torch
+    from sae_lens.saes.sae import SAEMetadata
+
+    def saved_sae(seed: int) -> Path:
+        torch.manual_seed(seed)
+        cfg = sae_lens.StandardSAEConfig(d_in=576, d_sae=96, metadata=SAEMetadata(hook_name="blocks.24.hook_mlp_out"))
+        path = tmp_path / f"sae{seed}"
+        sae_lens.StandardSAE(cfg).save_model(path)
+        return path
+
+    script = load_script()
+    args = small_args(tmp_path)
+    args[args.index("--layers") + 1] = "24"
+    for seed in (0, 1):
+        assert script.main([*args, "--units", "sae", "--sae", str(saved_sae(seed))]) == 0
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and all("-sae" in r.name for r in runs)
+    for run in runs:
+        units = pd.read_csv(run / "units.csv")
+        assert set(units.space) == {"SAE latents"}
+        assert units.arm.tolist() == ["block", "top", "random", "random"]  # the block, top-k and 2 random-k sets
+        assert units[units.arm != "block"].units.map(lambda ids: len(eval(ids)) == 8 and max(eval(ids)) < 96).all()
+        assert "SAE latents" in (run / "summary.md").read_text()
+
+
 @pytest.mark.parametrize("bad", [["--layers", "3-x"], ["--alphas", "-2"], ["--max-eval", "0"], ["--n", "-1"],
                                  ["--calibration-share", "1"], ["--planted", "3", "--planted-units", "4"],
                                  ["--healthy-rule", "both"], ["--layer-rule", "biggest"], ["--prune", "1.5"],
