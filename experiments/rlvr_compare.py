@@ -30,8 +30,9 @@ from pathlib import Path
 import pandas as pd
 
 from reach_lens import audit, cli, plots
-from reach_lens.generate import TransformerLensEngine
+from reach_lens.generate import Engine, TransformerLensEngine
 from reach_lens.rlvr import tables
+from reach_lens.rlvr.report import report
 from reach_lens.rlvr.audit_run import (
     check_comparable,
     deploy_protocol,
@@ -62,7 +63,7 @@ def checkpoint_arg(text: str) -> tuple[str, Path]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(parents=[cli.common(out="runs/rlvr_compare", batch_size=32),
+    p = argparse.ArgumentParser(parents=[cli.common(out="runs/rlvr_compare", batch_size=32), cli.engines(),
                                          cli.data(n=300, chunk=25, task="arc_easy")],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--K", type=cli.positive_int, default=4,
@@ -93,7 +94,8 @@ def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
     """The default recipes' checkpoints, trained here (saying so) when missing."""
     out = {}
     for kind in KINDS:
-        recipe = default_recipe(kind, task=args.task, salt=args.salt, audit_share=args.audit_share)
+        recipe = default_recipe(kind, task=args.task, salt=args.salt, audit_share=args.audit_share,
+                                precision=args.dtype)
         path = checkpoint_path(recipe)
         if not (path / "reach_lens_training.json").exists():
             if args.no_train:
@@ -107,7 +109,7 @@ def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
                 raise SystemExit(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
                                  "directory; pass trained checkpoints with --checkpoints")
             SAY(f"{kind} checkpoint {recipe.name} is missing: training it first (up to ~45 min on a 2-core CPU)")
-            train(recipe, base, path, source=args.source, log=SAY)
+            train(recipe, base, path, source=args.source, device=args.device, log=SAY)
         out[kind] = path
     return out
 
@@ -116,17 +118,17 @@ def audit_checkpoints(args, task, questions, settings, checkpoints: dict[str, Pa
     """Records in the main format (greedy + 2K samples) and greedy rows in the control format, per checkpoint."""
     native, control, protocols = {}, {}, {"main": {}, "control": {}}
     for label, path in checkpoints.items():
-        model = cli.load(args, None if path is None else str(path))
-        name = model.cfg.model_name
+        model = cli.load_engine(args, None if path is None else str(path))
+        # a private engine, dropped with the model: engine_for's cache would keep every checkpoint in memory
+        engine = model if isinstance(model, Engine) else TransformerLensEngine(model)
         common = dict(settings=settings, source=args.source, split=args.split)
-        p_main = sample_protocol(model, task, questions, args.fmt, 2 * args.K, args.T, args.seed, **common)
-        p_control = deploy_protocol(model, task, questions, args.control_fmt, args.seed, **common)
+        p_main = sample_protocol(engine, task, questions, args.fmt, 2 * args.K, args.T, args.seed, **common)
+        p_control = deploy_protocol(engine, task, questions, args.control_fmt, args.seed, **common)
+        name = p_main.model
         protocols["main"][label], protocols["control"][label] = p_main, p_control
         check_comparable(protocols["main"])  # before any generation: a mismatch costs nothing
         check_comparable(protocols["control"])
-        SAY(f"{label}: {name} ({p_main.weights})")
-        # a private engine, dropped with the model: engine_for's cache would keep every checkpoint in memory
-        engine = TransformerLensEngine(model)
+        SAY(f"{label}: {name} ({p_main.weights}, {p_main.engine} engine)")
         native[label] = sample_records(engine, task, questions, args.fmt, 2 * args.K, args.T, args.seed,
                                        RunStore(run_root / name / args.fmt, p_main), args.chunk, args.batch_size,
                                        desc=f"{label}: greedy + {2 * args.K} samples ({args.fmt})")
@@ -136,65 +138,6 @@ def audit_checkpoints(args, task, questions, settings, checkpoints: dict[str, Pa
         del model, engine
         gc.collect()
     return native, control, protocols
-
-
-def markdown(df: pd.DataFrame) -> str:
-    """A DataFrame as a markdown table (floats to 3 decimals)."""
-    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
-    return "\n".join(["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns),
-                      *("| " + " | ".join(row) + " |" for row in cells)])
-
-
-def _pct(row, m: str) -> str:
-    if pd.isna(row[m]):
-        return "n/a (n = 0)"
-    return f"{row[m]:.1%} [{row[f'{m}_lo']:.1%}, {row[f'{m}_hi']:.1%}]"
-
-
-def _ratio(row) -> str:
-    return "n/a" if pd.isna(row.retained) else f"{row.retained:.2f} [{row.retained_lo:.2f}, {row.retained_hi:.2f}]"
-
-
-def _pp(row, m: str) -> str:
-    return f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
-
-
-def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str) -> str:
-    """The tables as markdown, every oracle beside its guessing floor."""
-    lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes by "
-             "paired bootstrap)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | "
-             "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
-    for _, r in t5.iterrows():
-        lines.append(f"| {r.pair} | {_pct(r, 'D_base')} | {_pct(r, 'O_base')} | {_pct(r, 'D_trained')} | "
-                     f"{_pct(r, 'O_trained')} | {r.floor:.1%} | {_pp(r, 'D_change')} | {_pp(r, 'O_change')} | "
-                     f"{r.delta_n_reachable:+d} [{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] |")
-    lines += ["", PAPER, "", "## Figure 6a: fates (counts of questions)", "", markdown(fates), "",
-              f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
-              "| pair | K | floor | base O | trained O | base O−D | trained O−D | Δn_reachable | base / trained "
-              "reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|"]
-    for _, r in t6.iterrows():
-        lines.append(f"| {r.pair} | {r.K} | {r.floor:.1%} | {_pct(r, 'O_base')} | {_pct(r, 'O_trained')} | "
-                     f"{100 * r.gap_base:+.1f} pp | {100 * r.gap_trained:+.1f} pp | {r.delta_n_reachable:+d} "
-                     f"[{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] | "
-                     f"{r.reach_base_unbiased:.1%} / {r.reach_trained_unbiased:.1%} |")
-    lines += ["", f"## Table 7: lineage (K = {K})", "", "| checkpoint | deployed D | vote@K | oracle O_K | floor | "
-              f"O_{2 * K} | floor {2 * K} |", "|---|---|---|---|---|---|---|"]
-    for _, r in t7.iterrows():
-        lines.append(f"| {r.checkpoint} | {_pct(r, 'D')} | {_pct(r, 'vote')} | {_pct(r, 'O')} | {r.floor:.1%} | "
-                     f"{_pct(r, 'O_all')} | {r.floor_all:.1%} |")
-    lines += ["", f"## Table 8: format control ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
-              "not base-realized", "",
-              f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
-              f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
-              "|---|---|---|---|---|---|---|---|"]
-    for _, r in t8.iterrows():
-        lines.append(f"| {r.pair} | {r.n_pool} | {_pct(r, 'realized_native')} | {_pct(r, 'realized_shared')} | "
-                     f"{_pct(r, 'base_realized_shared')} | {_ratio(r)} | "
-                     f"{r.D_base_native:.1%} / {r.D_base_shared:.1%} | "
-                     f"{r.D_trained_native:.1%} / {r.D_trained_shared:.1%} |")
-    lines += ["", "## Figure 7: realization after training among base-unrealized questions, by base hit rate", "",
-              markdown(prop[["pair", "K", "bin", "n", "realized", "realization", "realization_lo", "realization_hi"]])]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -238,7 +181,7 @@ def main(argv=None) -> int:
     for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
                     ("table7_lineage", t7), ("table8_format", t8)):
         t.to_csv(summary / f"{name}.csv", index=False)
-    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt)
+    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER)
     (summary / "summary.md").write_text(text)
     base_name = protocols["main"][BASE].model
     tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"

@@ -30,7 +30,7 @@ from reach_lens.tasks import get_task
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"),
+    p = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.engines(),
                                          cli.data(n=100, chunk=10, tasks=["arc_easy", "basic_arithmetic"])],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=[None], metavar="MODEL",
@@ -46,12 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
-    """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row."""
-    name = model.cfg.model_name
+    """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row. ``model``
+    is a HookedTransformer or a hook-free engine (``--engine``)."""
     deploy = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, source=args.source,
                          split=args.split, seed=args.seed, fmt=args.fmt, probe="deploy")
+    name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
     tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
+    tag += "" if deploy.engine == "transformer_lens" else f"-{deploy.engine}"
     run = args.out / tag
 
     def deployed_rows(part):
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
     question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
     rows, protocols = [], []
     for model_name in args.models:
-        model = cli.load(args, model_name)
+        model = cli.load_engine(args, model_name)
         for task, questions in zip(tasks, question_sets):
             row, used = run_cell(model, task, questions, args, say)
             rows.append(row)

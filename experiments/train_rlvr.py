@@ -42,6 +42,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids held out for the audit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-steps", type=cli.positive_int, default=25, help="TRL checkpoint interval (resume points)")
+    p.add_argument("--device", type=cli.device_name, default="auto",
+                   help="auto (cuda when a GPU is present), cpu or cuda (TRL uses the visible GPUs; pick GPU N with "
+                        "CUDA_VISIBLE_DEVICES=N)")
+    p.add_argument("--dtype", choices=("auto", *cli.DTYPES), default="auto",
+                   help="training precision: auto (bfloat16 mixed precision on a GPU, float32 on the CPU), float32, "
+                        "bfloat16 or float16 (part of the recipe, so of the checkpoint's name)")
     p.add_argument("--threads", type=cli.positive_int, default=None, help="torch CPU threads (1 on a shared machine)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint root (default <cache>/checkpoints/rlvr)")
     p.add_argument("--figures", type=Path, default=Path("figures"), help="where the training curves go")
@@ -60,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def recipes_of(args: argparse.Namespace) -> list:
     changes = {"task": args.task, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
-               "save_steps": args.save_steps}
+               "save_steps": args.save_steps, "precision": args.dtype}
     if args.full:
         changes["lora_r"] = None
     elif args.lora_r is not None:
@@ -86,6 +92,13 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from reach_lens.rlvr.train import training_device
+
+    try:
+        args.device = training_device(cli.resolve_device(args.device))
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
+    args.dtype = str(cli.resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
     from reach_lens.models import embedded_checkpoint_dir
     from reach_lens.rlvr.train import LOG, read_metadata, train
 
@@ -93,7 +106,7 @@ def main(argv=None) -> int:
     root = args.out or checkpoints_root()
     for recipe in recipes_of(args):
         started = time.time()
-        path = train(recipe, base, root / recipe.name, source=args.source, log=SAY)
+        path = train(recipe, base, root / recipe.name, source=args.source, device=args.device, log=SAY)
         meta = read_metadata(path)
         reward = (f"; reward (mean of 5 logging steps) {meta['reward_first']:.3f} -> {meta['reward_last']:.3f}"
                   if meta.get("reward_first") is not None else "")

@@ -191,6 +191,41 @@ def load(args: argparse.Namespace, name: str | None = None):
                       n_devices=args.n_devices)
 
 
+ENGINES = ("transformer_lens", "vllm")
+
+
+def engines() -> argparse.ArgumentParser:
+    """``--engine`` (an argparse parent) for studies whose probes need no hook or route: the TransformerLens
+    engine (default) or vLLM (GPU machines, ``pip install -e ".[vllm]"``; ``--n-devices`` is its tensor
+    parallelism). The engine's name enters the protocol: records of two engines are never mixed."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--engine", choices=ENGINES, default="transformer_lens",
+                   help="generation engine of the hook-free probes (default transformer_lens; vllm: GPU only)")
+    return p
+
+
+def load_engine(args: argparse.Namespace, name: str | None = None):
+    """The model of ``--model`` (or ``name``) for hook-free probes: a ``HookedTransformer`` on the TransformerLens
+    engine, or a ``VLLMEngine`` over the Hugging Face checkpoint (the embedded model's converted directory when
+    none is named) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``)."""
+    if args.engine == "transformer_lens":
+        return load(args, name)
+    if args.ray is not None or args.workers > 1:
+        raise SystemExit("--engine vllm runs in this process (vLLM batches and shards across GPUs itself): "
+                         "drop --ray / --workers, use --n-devices for tensor parallelism")
+    if not args.device.startswith("cuda"):
+        raise SystemExit(f"--engine vllm needs a CUDA GPU; --device is {args.device!r}")
+    from reach_lens.generate.vllm_engine import VLLMEngine
+    from reach_lens.models import embedded_checkpoint_dir
+
+    model = name if name is not None else args.model
+    try:
+        return VLLMEngine(model if model is not None else embedded_checkpoint_dir(), dtype=args.dtype,
+                          tensor_parallel_size=args.n_devices, seed=args.seed)
+    except ImportError as e:
+        raise SystemExit(str(e)) from None
+
+
 def questions(task, source: str | None, split: str | None, n: int | None, seed: int) -> list:
     """``n`` questions of ``task`` (``tasks.subsample``) from ``source``/``split``, loaded before any model: an
     empty question set, or ``n`` beyond what the source holds, ends the run with a message naming the source."""

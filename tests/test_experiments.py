@@ -124,6 +124,46 @@ def test_sampling_gap_tables_are_the_stored_records(tiny):
     assert len(figures) == 3 and sum(p.name in figures for p in out.glob("*.png")) == 2
 
 
+def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(tiny, letter_model, monkeypatch):
+    """--engine vllm: the hook-free probes run on that engine (here a stand-in with vLLM's name and capabilities,
+    since vLLM needs a GPU), its name enters the protocol, and its runs never share a directory with the
+    TransformerLens engine's."""
+    from reach_lens.generate import TransformerLensEngine, vllm_engine
+
+    made = []
+
+    class StandIn(TransformerLensEngine):
+        name, capabilities = "vllm", frozenset({"loglik"})
+
+        def __init__(self, model, dtype, tensor_parallel_size, seed):
+            made.append((str(model), dtype, tensor_parallel_size))
+            super().__init__(letter_model)
+
+    _, common = tiny
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", StandIn)
+    script = load_script("sampling_gap")
+    argv = ["--tasks", "arc_easy", "--n", "4", "--K", "2", "--temperatures", "0.8", *common]
+    with pytest.raises(SystemExit, match="--engine vllm needs a CUDA GPU; --device is 'cpu'"):
+        script.main([*argv, "--engine", "vllm", "--device", "cpu"])
+    monkeypatch.setattr(cli, "resolve_device", lambda name: "cuda")  # as on a GPU machine
+    assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--n-devices", "2"]) == 0
+    assert made == [("/ckpt", "bfloat16", 2)]
+    run = one(cells(Path(common[5])))
+    assert run.name.endswith("-vllm")
+    assert json.loads((run / "T0.8" / "protocol.json").read_text())["protocol"]["engine"] == "vllm"
+    assert script.main(argv) == 0  # the TransformerLens engine: another directory
+    assert len(cells(Path(common[5]))) == 2
+
+
+@pytest.mark.parametrize("script_name", ["census", "mlp_localize", "routing", "sampling_gap", "selection",
+                                         "rlvr_compare", "train_rlvr"])
+def test_every_experiment_takes_device_and_dtype(script_name):
+    args = load_script(script_name).parse_args(["--device", "cpu", "--dtype", "bfloat16"])
+    assert (args.device, args.dtype) == ("cpu", "bfloat16")
+    if script_name != "train_rlvr":  # training runs where TRL puts it; the studies split models over GPUs too
+        assert load_script(script_name).parse_args(["--n-devices", "2", "--batch-size", "4"]).n_devices == 2
+
+
 def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
     _, common = tiny
     script = load_script("sampling_gap")

@@ -22,27 +22,47 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     from reach_lens import probes
     from reach_lens.models import embedded_checkpoint_dir
 
+    import torch
+    from transformers import AutoModelForCausalLM
+
     copy = tmp_path / "base-copy"  # the base's weights under another name: a "trained" checkpoint that changed nothing
     copy.mkdir()
     for f in embedded_checkpoint_dir().iterdir():
         (copy / f.name).symlink_to(f)
+    edited = tmp_path / "edited"  # a checkpoint that did change: every MLP's output halved
+    hf = AutoModelForCausalLM.from_pretrained(embedded_checkpoint_dir(), dtype=torch.float32)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.down_proj.weight.mul_(0.5)
+    hf.save_pretrained(edited)
+    for f in embedded_checkpoint_dir().glob("*token*"):
+        (edited / f.name).symlink_to(f)
     script = load_script("rlvr_compare")
-    args = ["--checkpoints", f"copy={copy}", "--n", "4", "--K", "2", "--chunk", "2", "--threads", "1",
-            "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+    args = ["--checkpoints", f"copy={copy}", f"edited={edited}", "--n", "4", "--K", "2", "--chunk", "2",
+            "--threads", "1", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
     summary = next((tmp_path / "runs").glob("*/summary-*"))
-    t5 = pd.read_csv(summary / "table5.csv").iloc[0]
-    assert (t5.n, t5.K, t5["T"]) == (4, 2, 0.8)
+    t5 = pd.read_csv(summary / "table5.csv").set_index("pair")
+    assert list(t5.n) == [4, 4] and set(t5.K) == {2} and set(t5["T"]) == {0.8}
     # same weights, same protocol, same seeds: the same greedy answers and samples, so nothing changes
-    assert t5.D_change == 0 and t5.O_change == 0 and t5.delta_n_reachable == 0
-    fates = pd.read_csv(summary / "fates.csv").iloc[0]
-    assert fates[["gains_from_reachable", "gains_from_unreachable", "losses", "entered_reachable",
-                  "left_reachable"]].sum() == 0
+    same = t5.loc[t5.index.str.contains("copy")].iloc[0]
+    assert same.D_change == 0 and same.O_change == 0 and same.delta_n_reachable == 0
+    fates = pd.read_csv(summary / "fates.csv").set_index("pair")
+    moves = ["gains_from_reachable", "gains_from_unreachable", "losses", "entered_reachable", "left_reachable"]
+    assert fates.loc[fates.index.str.contains("copy"), moves].to_numpy().sum() == 0
+    # the edited checkpoint is audited as itself: its own greedy texts and samples, not the base's again
+    def texts(label_dir):
+        parts = sorted(label_dir.glob("native/records/part-*.parquet"))
+        df = pd.concat([pd.read_parquet(p) for p in parts]).set_index("question_id").sort_index()
+        return [[t, *(c["text"] for c in cs)] for t, cs in zip(df.deployed_text, df.candidates)]
+    run_root = summary.parent
+    by_name = {p.name: texts(p) for p in run_root.iterdir() if (p / "native").is_dir()}
+    assert len(by_name) == 3 and len({str(v) for v in by_name.values()}) == 2  # base == copy != edited
     t6 = pd.read_csv(summary / "table6_budget.csv")
-    assert sorted(t6.K) == [2, 4] and (t6.O_base <= 1).all()
-    assert set(pd.read_csv(summary / "table7_lineage.csv").checkpoint) == {"base", "copy"}
-    assert len(pd.read_csv(summary / "propensity.csv")) == 2 * 5  # 5 bins at K and at 2K
-    assert pd.read_csv(summary / "table8_format.csv").n.iloc[0] == 4
+    assert sorted(set(t6.K)) == [2, 4] and (t6.O_base <= 1).all()
+    assert set(pd.read_csv(summary / "table7_lineage.csv").checkpoint) == {"base", "copy", "edited"}
+    assert len(pd.read_csv(summary / "propensity.csv")) == 2 * 2 * 5  # 5 bins at K and at 2K, per pair
+    assert set(pd.read_csv(summary / "table8_format.csv").n) == {4}
     assert len(list((tmp_path / "figures").glob("rlvr_*.png"))) == 4
 
     def fail(*a, **k):

@@ -98,3 +98,27 @@ def test_sft_two_steps_full_fine_tuning(base_dir, tmp_path):
     before, after = load_model(base_dir), load_model(out)
     changed = [n for n, p in after.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
     assert changed  # full fine-tuning moved the weights
+
+
+def test_bfloat16_mixed_precision_is_a_recipe_of_its_own_and_trains_on_the_cpu(base_dir, tmp_path):
+    recipe = default_recipe("sft", steps=2, batch_size=4, lora_r=None, learning_rate=1e-2, audit_share=0.5,
+                            precision="bfloat16")
+    assert recipe.name != default_recipe("sft", steps=2, batch_size=4, lora_r=None, learning_rate=1e-2,
+                                         audit_share=0.5).name  # another precision, another checkpoint
+    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, device="cpu", log=lambda m: None)
+    meta = read_metadata(out)
+    assert meta["recipe"]["precision"] == "bfloat16" and meta["device"] == "cpu"
+    trained = load_model(out)
+    assert trained.cfg.dtype == torch.float32  # float32 master weights are what is saved
+    assert not torch.equal(trained.blocks[0].mlp.W_in, load_model(base_dir).blocks[0].mlp.W_in)
+    with pytest.raises(ValueError, match="precision 'int8' unknown"):
+        default_recipe("sft", precision="int8")
+
+
+def test_training_device_is_checked_before_training():
+    from reach_lens.rlvr.train import training_device
+
+    assert training_device("cpu") == "cpu"
+    assert training_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device 'cuda:1'"):
+        training_device("cuda:1")

@@ -20,6 +20,7 @@ from reach_lens.cache import cache_dir
 from reach_lens.protocol import canonical_json
 
 KINDS = ("grpo", "sft")
+PRECISIONS = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class Recipe:
     into the weights when saved. GRPO draws ``num_generations`` completions for each of
     ``prompts_per_step`` prompts per optimizer step at ``temperature``; SFT takes ``batch_size`` gold
     completions per step. ``max_completion_length`` None means the task's own ``max_new_tokens(fmt)``.
+    ``precision`` is the training arithmetic: float32, or bfloat16 / float16 mixed precision (float32 master
+    weights, TRL's ``bf16`` / ``fp16``); it changes the result, so it is part of the recipe (the device is not:
+    it is recorded in the checkpoint's metadata).
     """
 
     kind: str
@@ -50,6 +54,7 @@ class Recipe:
     seed: int = 0
     save_steps: int = 25
     logging_steps: int = 5
+    precision: str = "float32"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -64,6 +69,8 @@ class Recipe:
         if self.lora_r is not None and (isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int)
                                         or self.lora_r < 1):
             raise ValueError(f"lora_r {self.lora_r!r} out of range: expected an int >= 1, or None for full fine-tuning")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} unknown; valid: {list(PRECISIONS)}")
         if not 0 < self.audit_share < 1:
             raise ValueError(f"audit_share {self.audit_share} out of range: expected a number strictly between 0 and 1")
         if not self.learning_rate > 0 or not self.temperature > 0 or self.beta < 0:

@@ -70,11 +70,24 @@ def _peft_config(recipe: Recipe):
                       task_type="CAUSAL_LM")
 
 
-def _common_args(recipe: Recipe, work: Path) -> dict:
+def _common_args(recipe: Recipe, work: Path, device: str) -> dict:
     return dict(output_dir=str(work), max_steps=recipe.steps, learning_rate=recipe.learning_rate, seed=recipe.seed,
                 data_seed=recipe.seed, logging_steps=recipe.logging_steps, save_steps=recipe.save_steps,
-                save_total_limit=2, report_to="none", disable_tqdm=False, use_cpu=not torch.cuda.is_available(),
-                bf16=False, activation_checkpointing=False, dataloader_num_workers=0)
+                save_total_limit=2, report_to="none", disable_tqdm=False, use_cpu=device == "cpu",
+                bf16=recipe.precision == "bfloat16", fp16=recipe.precision == "float16",
+                activation_checkpointing=False, dataloader_num_workers=0)
+
+
+def training_device(device: str | None) -> str:
+    """``cpu`` or ``cuda`` (TRL trains on the process's visible GPUs through accelerate; ``cuda:N`` selects GPU N
+    by ``CUDA_VISIBLE_DEVICES``, set before the process starts). None or ``auto``: cuda when a GPU is present."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA GPU is available here")
+    if device not in ("cpu", "cuda", "cuda:0"):
+        raise ValueError(f"device {device!r}: training takes cpu or cuda (choose GPU N with CUDA_VISIBLE_DEVICES=N)")
+    return device.partition(":")[0]
 
 
 def stop_token_ids(tokenizer, stop_strings: Sequence[str]) -> list[int]:
@@ -91,7 +104,7 @@ def stop_token_ids(tokenizer, stop_strings: Sequence[str]) -> list[int]:
     return [i for i in range(len(tokenizer)) if any(s in tokenizer.decode([i]) for s in stops)]
 
 
-def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], work: Path):
+def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], work: Path, device: str):
     if recipe.kind == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -102,7 +115,7 @@ def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], wo
         extra = [i for i in stop_token_ids(tokenizer, task.stop_strings(recipe.fmt)) if i not in eos]
         model.generation_config.eos_token_id = [*eos, *extra] if extra else model.generation_config.eos_token_id
 
-        args = GRPOConfig(**_common_args(recipe, work), per_device_train_batch_size=recipe.num_generations
+        args = GRPOConfig(**_common_args(recipe, work, device), per_device_train_batch_size=recipe.num_generations
                           * recipe.prompts_per_step, gradient_accumulation_steps=1,
                           num_generations=recipe.num_generations, temperature=recipe.temperature, beta=recipe.beta,
                           max_completion_length=recipe.max_completion_length or task.max_new_tokens(recipe.fmt))
@@ -111,7 +124,7 @@ def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], wo
                            processing_class=tokenizer, peft_config=_peft_config(recipe))
     from trl import SFTConfig, SFTTrainer
 
-    args = SFTConfig(**_common_args(recipe, work), per_device_train_batch_size=recipe.batch_size,
+    args = SFTConfig(**_common_args(recipe, work, device), per_device_train_batch_size=recipe.batch_size,
                      completion_only_loss=True, max_length=1024)
     rows = [{k: r[k] for k in ("prompt", "completion")} for r in sft_rows(task, train_qs, tokenizer, recipe.fmt)]
     return SFTTrainer(model=model, args=args, train_dataset=as_dataset(rows), processing_class=tokenizer,
@@ -145,8 +158,9 @@ def _callback(elapsed: _Elapsed):
 
 
 def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, questions: Sequence[Any] | None = None,
-          source: str | None = None, log=print) -> Path:
-    """Train ``recipe`` from the HF checkpoint directory ``base``; returns the finished checkpoint directory.
+          source: str | None = None, device: str | None = None, log=print) -> Path:
+    """Train ``recipe`` from the HF checkpoint directory ``base`` on ``device`` (``training_device``); returns
+    the finished checkpoint directory.
 
     ``out`` defaults to ``checkpoint_path(recipe)``; an existing finished checkpoint is returned untouched.
     ``questions`` (default: the task's questions from ``source``) are split by ``recipe``'s salted id hash,
@@ -158,6 +172,7 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     from reach_lens.tasks import get_task
 
     out = checkpoint_path(recipe) if out is None else Path(out)
+    device = training_device(device)
     if (out / METADATA).exists():
         log(f"{recipe.name}: already trained, at {out}")
         return out
@@ -172,7 +187,7 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     base_eos = model.generation_config.eos_token_id
-    trainer = _trainer(recipe, model, tokenizer, task, train_qs, work)
+    trainer = _trainer(recipe, model, tokenizer, task, train_qs, work, device)
     trainer.add_callback(_callback(elapsed))
     last = get_last_checkpoint(str(work))
     log(f"{recipe.name}: {recipe.kind} on {len(train_qs)} training questions of {recipe.task} "
@@ -180,14 +195,14 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
         + (f", resuming from {Path(last).name}" if last else ""))
     trainer.train(resume_from_checkpoint=last)
     elapsed.save()
-    _save(trainer, tokenizer, recipe, split, base, out, elapsed.total(), base_eos)
+    _save(trainer, tokenizer, recipe, split, base, out, elapsed.total(), base_eos, device)
     shutil.rmtree(work, ignore_errors=True)  # the TRL checkpoints were resume points only
     log(f"{recipe.name}: saved to {out} ({elapsed.total() / 60:.1f} min of training)")
     return out
 
 
 def _save(trainer, tokenizer, recipe: Recipe, split: Split, base: Path | str, out: Path, seconds: float,
-          base_eos) -> None:
+          base_eos, device: str) -> None:
     model = trainer.model
     if hasattr(model, "merge_and_unload"):  # a PEFT model: fold the adapters into the weights
         model = model.merge_and_unload()
@@ -201,7 +216,8 @@ def _save(trainer, tokenizer, recipe: Recipe, split: Split, base: Path | str, ou
     (staging / TRAINING_IDS).write_text(json.dumps(list(split.train_ids)))
     meta = {"schema": "reach_lens.rlvr.checkpoint/1", "recipe": recipe.to_dict(), "name": recipe.name,
             "split": split.to_dict(), "base": str(base), "steps": int(trainer.state.global_step),
-            "wall_seconds": round(seconds, 1), "threads": torch.get_num_threads(), "versions": _versions(),
+            "wall_seconds": round(seconds, 1), "device": device, "threads": torch.get_num_threads(),
+            "versions": _versions(),
             "reward_first": _mean_reward(log_history, first=True),
             "reward_last": _mean_reward(log_history, first=False)}
     (staging / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
