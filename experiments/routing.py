@@ -9,10 +9,12 @@ PIQA). For every question, every (action space, search method) pair gets a budge
 full path first, so every curve starts at the unmodified model. The reward is greedy correctness (the gold
 answer, after generation): every curve is an oracle, a diagnostic of what routing can reach, not a method.
 The answer-blind numbers are the majority vote over the first k random routes and the learned router.
-"Random" is `--random-routes`: geometric (walks of a geometric number of edits, mean 2, from the full path:
-close to it) or uniform (uniform over all routes of the action space, length <= 2L).
+"Random" is `--random-routes`, one random search per law, each compared with the same structured searches:
+geometric (method "random": walks of a geometric number of edits, mean 2, from the full path: close to it) and
+uniform (method "random_uniform": uniform over all routes of the action space, length <= 2L); default both.
 
-Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, and --figures):
+Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, and --figures), one set per law
+(<law> in file names):
 - oracle_curves.csv, routing_oracle_<space>_*.png: o(k), the share of questions with a correct route among
   the first k, per method, with the random-route vote@k and the deployed D (Figure 1);
 - random_minus_structured.csv, direction_counts.csv, routing_random_minus_structured_*.png: O_random(K) -
@@ -39,7 +41,7 @@ from reach_lens import cli, plots
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
-                                search_rows)
+                                random_method, search_rows)
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task
 
@@ -56,8 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--K", type=cli.positive_int, default=64, help="distinct routes per search (the paper: 200)")
     p.add_argument("--spaces", nargs="+", default=list(SPACES), choices=list(SPACES))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--random-routes", default="geometric", choices=ROUTE_LAWS,
-                   help="law of the random search's routes: geometric walks from the full path, or uniform")
+    p.add_argument("--random-routes", nargs="+", default=list(ROUTE_LAWS), choices=ROUTE_LAWS,
+                   help="laws of the random searches' routes, each its own search and analysis: geometric walks "
+                        "from the full path and/or uniform (default both)")
     p.add_argument("--vote-k", type=cli.positive_int, default=16, help="k of the random-route vote in Table 1")
     p.add_argument("--mcts-k", type=cli.positive_int, default=50, help="simulations of the MCTS oracle in Table 1")
     p.add_argument("--collapse-threshold", type=cli.share, default=0.5,
@@ -65,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if "random" not in args.methods:
         p.error("--methods must include 'random' (every comparison is against it)")
+    args.random_routes = list(dict.fromkeys(args.random_routes))
     return args
 
 
@@ -74,7 +78,8 @@ def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, 
                            seed=args.seed, fmt=args.fmt, probe="route", K=args.K,
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",
                                      "random_routes": args.random_routes})
-    store = RunStore(args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{args.random_routes}", protocol)
+    laws = "+".join(args.random_routes)
+    store = RunStore(args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
     searches = cli.resume(store, "searches", qs, args.chunk, lambda part: search_rows(
         model, task, part, args.fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
         desc=f"{label} {task.name} searches")
@@ -103,23 +108,26 @@ def main(argv=None) -> int:
             protocols.append(protocol)
             say(f"{label} {t}: the learned router leaves the full path on "
                 f"{sum(tuple(r) != tuple(range(L)) for r in routed.route)} of {len(routed)} questions")
-    tables = analysis.analyse(cells, args.spaces, args.methods, args.K, args.vote_k, args.mcts_k,
-                              args.collapse_threshold, args.seed)
-
-    out, tag = cli.summary_dir(args.out, protocols), f"n{args.n}-K{args.K}-{args.random_routes}"
-    for name, df in tables.items():
-        df.to_csv(out / f"{name}.csv", index=False)
-    figures = [plots.plot_oracle_curves(tables["oracle_curves"], space, out / f"routing_oracle_{space}_{tag}.png")
-               for space in args.spaces]
-    if len(tables["random_minus_structured"]):
-        figures.append(plots.plot_random_minus_structured(tables["random_minus_structured"], tables["direction_counts"],
-                                                          out / f"routing_random_minus_structured_{tag}.png"))
-    cli.publish(args.figures, *figures)
-
-    say(f"random ({args.random_routes}) minus structured oracle at K={args.K}, clean cells:\n"
-        + tables["direction_counts"].to_string(index=False))
-    say("Table 1 (pp over the unmodified model):\n"
-        + tables["table1"].to_string(index=False, float_format="{:.1f}".format))
+    out = cli.summary_dir(args.out, protocols)
+    for law in args.random_routes:
+        tables = analysis.analyse(cells, args.spaces, args.methods, args.K, args.vote_k, args.mcts_k,
+                                  args.collapse_threshold, args.seed, random_method=random_method(law))
+        tag = f"n{args.n}-K{args.K}-{law}"
+        for name, df in tables.items():
+            df.to_csv(out / f"{name}_{law}.csv", index=False)
+        figures = [plots.plot_oracle_curves(tables["oracle_curves"], space, out / f"routing_oracle_{space}_{tag}.png")
+                   for space in args.spaces]
+        if len(tables["random_minus_structured"]):
+            figures.append(plots.plot_random_minus_structured(
+                tables["random_minus_structured"], tables["direction_counts"],
+                out / f"routing_random_minus_structured_{tag}.png", title=f"{law} random routes"))
+        cli.publish(args.figures, *figures)
+        broken = tables["oracle_curves"].groupby(["model", "task", "space"]).random_format_failure_rate.first()
+        say(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
+            f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"
+            + tables["direction_counts"].to_string(index=False))
+        say(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
+            + tables["table1"].to_string(index=False, float_format="{:.1f}".format))
     say(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
     return 0
 

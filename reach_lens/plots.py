@@ -318,7 +318,8 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
     return _save(fig, path)
 
 
-def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path: Path | str) -> Path:
+def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path: Path | str,
+                                 title: str = "random routes") -> Path:
     """O_random(K) - O_structured(K) in pp, one dot per model x task cell (hollow: format collapse), one panel per
     action space, one column per structured method, with the clean cells' random better / tie / structured
     better counts above. Columns: `analysis.analyse`'s ``random_minus_structured`` and ``direction_counts``."""
@@ -345,7 +346,7 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
         ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
-    fig.suptitle(f"Random minus structured search, one dot per model x task cell (n = {_n(diffs.n)} questions per "
+    fig.suptitle(f"{title[:1].upper() + title[1:]} minus structured search, one dot per model x task cell (n = {_n(diffs.n)} questions per "
                  f"cell, K = {_n(diffs.K)})\nabove each method: cells where random is better / tie / structured "
                  "is better (clean cells); hollow = format collapse", fontsize=8, y=1.08)
     return _save(fig, path)

@@ -294,7 +294,7 @@ def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(ti
         vote.append(first[majority_vote(first)]["correct"])
     router = stored(run / "router")
     out = one(Path(common[5]).glob("summary-*"))
-    t1 = pd.read_csv(out / "table1.csv").set_index("task")
+    t1 = pd.read_csv(out / "table1_geometric.csv").set_index("task")
     assert list(t1.index) == ["arc_easy", "all questions pooled"]
     row = t1.loc["arc_easy"]
     assert row["D"] == pytest.approx(np.mean(D))
@@ -302,13 +302,21 @@ def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(ti
     assert row["mcts_oracle@4_pp"] == pytest.approx(100 * (np.mean(mcts) - np.mean(D)))
     assert row["random_vote@3_pp"] == pytest.approx(100 * (np.mean(vote) - np.mean(D)))
     assert row["learned_router_pp"] == pytest.approx(100 * (router.correct.mean() - np.mean(D)))
-    curves = pd.read_csv(out / "oracle_curves.csv")
+    curves = pd.read_csv(out / "oracle_curves_geometric.csv")
     random_curve = curves[curves.series == "random"].sort_values("k")
     assert random_curve.value.iloc[-1] == pytest.approx(np.mean(rand)) and random_curve.value.iloc[0] == pytest.approx(np.mean(D))
-    diff = pd.read_csv(out / "random_minus_structured.csv").iloc[0]
-    assert diff["diff"] == pytest.approx(np.mean(rand) - np.mean([any(by["correct"] for by in (
+    mcts_oracle = np.mean([any(by["correct"] for by in (
         {tuple(c["route"]): c for c in r.candidates}[tuple(x)] for x in {t["method"]: t for t in r.searches}["mcts"]["routes"]))
-        for r in searches.itertuples()]))
+        for r in searches.itertuples()])
+    diff = pd.read_csv(out / "random_minus_structured_geometric.csv").iloc[0]
+    assert diff["diff"] == pytest.approx(np.mean(rand) - mcts_oracle)
+    # the uniform random search of the same run, against the same MCTS search
+    uniform = [any({tuple(c["route"]): c for c in r.candidates}[tuple(x)]["correct"]
+                   for x in {t["method"]: t for t in r.searches}["random_uniform"]["routes"]) for r in searches.itertuples()]
+    diff = pd.read_csv(out / "random_minus_structured_uniform.csv").iloc[0]
+    assert diff["diff"] == pytest.approx(np.mean(uniform) - mcts_oracle)
+    assert pd.read_csv(out / "table1_uniform.csv").set_index("task").loc["arc_easy", "random_oracle@6_pp"] == \
+        pytest.approx(100 * (np.mean(uniform) - np.mean(D)))
     first_tables = {p.name: p.read_text() for p in out.glob("*.csv")}
 
     import reach_lens.routing.evaluate as evaluate
@@ -318,7 +326,7 @@ def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(ti
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == first_tables
 
 
-def test_routing_uniform_random_routes_are_another_protocol(tiny):
+def test_routing_random_laws_are_part_of_the_protocol(tiny):
     _, common = tiny
     script = load_script("routing")
     args = ["--models", "embedded", "--tasks", "arc_easy", "--n", "2", "--K", "4", "--spaces", "skip",
@@ -326,9 +334,9 @@ def test_routing_uniform_random_routes_are_another_protocol(tiny):
     assert script.main([*args, "--random-routes", "uniform"]) == 0
     run = one(p for p in Path(common[5]).iterdir() if not p.name.startswith("summary-"))
     protocol = json.loads((run / "protocol.json").read_text())["protocol"]
-    assert protocol["settings"]["random_routes"] == "uniform"
-    routes = [t["routes"] for s in stored(run / "searches").searches for t in s]
-    assert all(len(r) == 4 for r in routes)
+    assert protocol["settings"]["random_routes"] == ["uniform"]
+    traces = [t for s in stored(run / "searches").searches for t in s]
+    assert {t["method"] for t in traces} == {"random_uniform"} and all(len(t["routes"]) == 4 for t in traces)
     assert script.main([*args, "--random-routes", "geometric"]) == 0  # its own run directory, not a mismatch
     assert len([p for p in Path(common[5]).iterdir() if not p.name.startswith("summary-")]) == 2
 
@@ -375,7 +383,7 @@ def test_routing_and_census_on_the_embedded_model(tmp_path):
     args = ["--tasks", "arc_easy", "--n", "2", "--figures", str(tmp_path / "figures")]
     assert load_script("routing").main([*args, "--models", "embedded", "--K", "3", "--spaces", "skip_repeat",
                                         "--methods", "random", "mcts", "--out", str(tmp_path / "routing")]) == 0
-    t1 = pd.read_csv(one((tmp_path / "routing").glob("summary-*")) / "table1.csv")
+    t1 = pd.read_csv(one((tmp_path / "routing").glob("summary-*")) / "table1_geometric.csv")
     assert t1.n.tolist() == [2, 2] and t1["learned_router_pp"].notna().all()
     assert load_script("census").main([*args, "--sparsities", "--out", str(tmp_path / "census")]) == 0
     census = pd.read_csv(one((tmp_path / "census").glob("summary-*")) / "census.csv")

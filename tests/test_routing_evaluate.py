@@ -103,6 +103,19 @@ def test_search_rows_and_random_route_candidates_share_routes(char_model, questi
         random = next(t for t in row["searches"] if t["method"] == "random")
         assert [c["route"] for c in cs] == [list(r) for r in random["routes"]] and cs[0]["route"] == [0, 1, 2, 3]
         assert len(cs[0]["hidden"]) == 32
+    # both route laws in one call: one random search each, beside the same structured search
+    both = search_rows(char_model, arc, questions[:2], "shared", ["skip_repeat"], ["random", "mcts"], K=5, seed=3,
+                       random_routes=("geometric", "uniform"))
+    uniform = random_route_candidates(char_model, arc, questions[:2], "shared", "skip_repeat", 5, seed=3,
+                                      random_routes="uniform")
+    for row, old_row, cs in zip(both, rows, uniform):
+        traces = {t["method"]: t for t in row["searches"]}
+        assert set(traces) == {"random", "random_uniform", "mcts"}
+        old_traces = {t["method"]: t for t in old_row["searches"]}
+        assert traces["random"]["routes"] == old_traces["random"]["routes"]  # adding a law changes no other search
+        assert traces["mcts"]["routes"] == old_traces["mcts"]["routes"]
+        assert [c["route"] for c in cs] == [list(r) for r in traces["random_uniform"]["routes"]]
+        assert traces["random_uniform"]["routes"] != traces["random"]["routes"]
 
 
 def test_router_rows_generate_only_unknown_routes(char_model, questions, monkeypatch):
@@ -176,9 +189,9 @@ def test_routing_analysis_oracle_vote_and_differences():
     assert pq["oracle"][("skip", "random")].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     assert pq["oracle"][("skip", "mcts")].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]  # ended early: padded
     # q1 votes: A | A,A | A,A,B -> A | A,A,B,None -> A ; q2: B | B,None -> B | B,None,A -> tie B/A, first | B wins
-    assert pq["vote"]["skip"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    assert pq["vote"][("skip", "random")].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
     # format failures: the structured searches' 4 distinct candidates (q1's b), and the random routes' 8 (b, q2's a)
-    assert pq["format_failures"]["skip"] == 1 / 4 and pq["random_format_failures"]["skip"] == 2 / 8
+    assert pq["format_failures"]["skip"] == 1 / 4 and pq["random_format_failures"][("skip", "random")] == 2 / 8
     assert analysis.found_routes(searches, "skip")["q1"][:2] == [(full, 0.0), (c, 0.0)]
 
     tables = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4, vote_k=2, mcts_k=2)
@@ -200,7 +213,7 @@ def test_routing_analysis_oracle_vote_and_differences():
                                  collapse_threshold=0.1)
     assert collapsed["random_minus_structured"].collapsed.all()
     # random routes that break the format (as a uniform law's can) do not make the cell collapsed: they are its result
-    pq["random_format_failures"]["skip"] = 0.95
+    pq["random_format_failures"][("skip", "random")] = 0.95
     broken = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4, collapse_threshold=0.3)
     row = broken["random_minus_structured"].iloc[0]
     assert not row.collapsed and row.random_format_failure_rate == 0.95 and row.format_failure_rate == 0.25
@@ -211,7 +224,7 @@ def test_routing_analysis_oracle_vote_and_differences():
 def test_table1_pools_every_question_of_a_model():
     def cell(D, rand):
         n = len(D)
-        return {"D": np.array(D, float), "router": np.array(D, float), "vote": {"skip": np.zeros((n, 4))},
+        return {"D": np.array(D, float), "router": np.array(D, float), "vote": {("skip", "random"): np.zeros((n, 4))},
                 "oracle": {("skip", "random"): np.tile(np.array(rand, float)[:, None], (1, 4))}}
 
     cells = {("m", "a"): cell([0, 0], [1, 1]), ("m", "b"): cell([1, 1, 0, 0], [1, 1, 0, 0])}

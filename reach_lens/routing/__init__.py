@@ -5,7 +5,7 @@ an intervention (`hooks.Route`).
 """
 from reach_lens.routing.evaluate import (LearnedRouter, RouteEvaluator, RouterCell, known_candidates, make_search,
                                         random_route_candidates, router_routes, router_rows, search_rows)
-from reach_lens.routing.local import Genetic, HillClimb, RandomSearch
+from reach_lens.routing.local import Genetic, HillClimb, RandomSearch, random_method
 from reach_lens.routing.mcts import MCTS
 from reach_lens.routing.router import LayerRouter, cross_fit_router, cross_fit_routes, prompt_features
 from reach_lens.routing.search import Search, SearchTrace, run_searches
@@ -14,7 +14,7 @@ from reach_lens.routing.spaces import ROUTE_LAWS, SPACES, ActionSpace, Path, Seg
 METHODS: dict[str, type[Search]] = {cls.name: cls for cls in (RandomSearch, MCTS, HillClimb, Genetic)}
 
 __all__ = ["ActionSpace", "Path", "SkipOnly", "SkipRepeat", "Segments", "SPACES", "ROUTE_LAWS", "make_space",
-           "Search", "SearchTrace", "run_searches", "RandomSearch", "MCTS", "HillClimb", "Genetic", "METHODS",
+           "Search", "SearchTrace", "run_searches", "RandomSearch", "random_method", "MCTS", "HillClimb", "Genetic", "METHODS",
            "LayerRouter", "cross_fit_router", "cross_fit_routes", "prompt_features",
            "RouteEvaluator", "make_search", "search_rows", "random_route_candidates", "router_routes", "router_rows",
            "known_candidates", "LearnedRouter", "RouterCell"]

@@ -3,10 +3,15 @@ structured search, Table 1, and answer-blind recovery per cell with format-colla
 
     pq = per_question(search_table, K, n_layers)           # one cell (model, task): arrays per question
     tables = analyse({("embedded", "arc_easy"): pq}, spaces, methods, K, vote_k=16, mcts_k=50)
+    uniform = analyse(cells, spaces, methods, K, random_method="random_uniform")   # the other random law
     rec = recovery_rows(records, SELECTORS, collapse_threshold=0.5)   # one cell of the selection study
 
 Every number from the search traces is an oracle (the reward is greedy correctness, known only with the gold
 answer), except the random-route majority vote and the learned router.
+
+Random searches are the methods whose name starts with "random": ``"random"`` draws geometric routes (a few edits
+from the full path) and ``"random_uniform"`` uniform ones (``search_rows``' ``random_routes``); each analysis
+compares one of them (``random_method``) with the structured searches.
 
 Table 1's pooled row ("all questions pooled") is the mean over every question of the model's task columns
 together. The paper's pool column is defined differently: its value exceeds every one of its task columns,
@@ -31,6 +36,13 @@ from reach_lens.select import majority_vote, recovery, recovery_table
 
 TABLE1_SPACE = "skip_repeat"
 POOLED = "all questions pooled"
+RANDOM = "random"
+
+
+def is_random(method: str) -> bool:
+    """Whether ``method`` names a random search (of any route law)."""
+    return method == RANDOM or method.startswith(RANDOM + "_")
+
 ROUTER = "learned_router"
 TIE = 1e-12
 
@@ -43,18 +55,19 @@ def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataF
     and, optionally, its learned router's table (`routing.router_rows`: question_id, correct).
 
     Keys: ``qids`` (sorted), ``D`` [n] (the full path's greedy correctness), ``oracle[(space, method)]`` [n, K]
-    (max reward among the first k routes; a search that ended early keeps its last value), ``vote[space]`` [n, K]
-    (majority vote over the first k random routes, correct or not), ``format_failures[space]`` (share of the
-    structured searches' distinct route candidates without an extractable answer; the random routes' when no
-    structured search ran), ``random_format_failures[space]`` (the same share over the random routes) and, with
-    ``router``, ``router`` [n] (its route's greedy correctness).
+    (max reward among the first k routes; a search that ended early keeps its last value), ``vote[(space, random
+    method)]`` [n, K] (majority vote over the first k routes of that random search, correct or not),
+    ``format_failures[space]`` (share of the structured searches' distinct route candidates without an extractable
+    answer; the random routes' when no structured search ran), ``random_format_failures[(space, random method)]``
+    (the same share over that random search's routes) and, with ``router``, ``router`` [n] (its route's greedy
+    correctness).
     """
     rows = searches.set_index("question_id").sort_index()
     full = tuple(range(n_layers))
     out: dict = {"qids": list(rows.index), "oracle": {}, "vote": {}}
     by_route = [{tuple(c["route"]): c for c in cands} for cands in rows.candidates]
     out["D"] = np.array([float(c[full]["correct"]) for c in by_route])
-    failures: dict[str, list[bool]] = {}
+    failures: dict[tuple[str, str], list[bool]] = {}
     structured: dict[str, list[bool]] = {}
     for i, traces in enumerate(rows.searches):
         seen: dict[str, set] = {}  # distinct routes of the structured searches, per space
@@ -63,10 +76,10 @@ def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataF
             o = out["oracle"].setdefault(key, np.zeros((len(rows), K)))
             acc = np.maximum.accumulate(np.asarray(t["rewards"], dtype=float))[:K]
             o[i] = np.concatenate([acc, np.full(K - len(acc), acc[-1])])
-            if t["method"] == "random":
+            if is_random(t["method"]):
                 cands = [by_route[i][tuple(r)] for r in t["routes"]]
-                failures.setdefault(t["space"], []).extend(c["answer"] is None for c in cands)
-                vote = out["vote"].setdefault(t["space"], np.zeros((len(rows), K)))
+                failures.setdefault(key, []).extend(c["answer"] is None for c in cands)
+                vote = out["vote"].setdefault(key, np.zeros((len(rows), K)))
                 picks = [float(cands[majority_vote(cands[:k])]["correct"]) for k in range(1, len(cands) + 1)]
                 vote[i] = picks + [picks[-1]] * (K - len(picks))
             else:
@@ -75,8 +88,10 @@ def per_question(searches: pd.DataFrame, K: int, n_layers: int, router: pd.DataF
                     if r not in routes:
                         routes.add(r)
                         structured.setdefault(t["space"], []).append(by_route[i][r]["answer"] is None)
-    out["random_format_failures"] = {space: float(np.mean(f)) for space, f in failures.items()}
-    out["format_failures"] = {space: float(np.mean(structured.get(space) or f)) for space, f in failures.items()}
+    out["random_format_failures"] = {key: float(np.mean(f)) for key, f in failures.items()}
+    out["format_failures"] = {}
+    for (space, _), f in failures.items():  # without a structured search, the random routes' own rate
+        out["format_failures"][space] = float(np.mean(structured.get(space) or f))
     if router is not None:
         out["router"] = router.set_index("question_id").loc[out["qids"], "correct"].to_numpy(dtype=float)
     return out
@@ -100,24 +115,30 @@ def table1_space(spaces: Sequence[str]) -> str:
 
 
 def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], methods: Sequence[str], K: int,
-            vote_k: int = 16, mcts_k: int = 50, collapse_threshold: float = 0.5, seed: int = 0) -> dict[str, pd.DataFrame]:
+            vote_k: int = 16, mcts_k: int = 50, collapse_threshold: float = 0.5, seed: int = 0,
+            random_method: str = RANDOM) -> dict[str, pd.DataFrame]:
     """The routing study's tables from its cells (``cells[(model, task)] = per_question(...)``, with ``router``
-    [n] added for Table 1): ``oracle_curves``, ``random_minus_structured``, ``direction_counts``, ``table1``."""
+    [n] added for Table 1), ``random_method``'s routes against the structured ``methods``: ``oracle_curves``,
+    ``random_minus_structured``, ``direction_counts``, ``table1``."""
+    if not is_random(random_method):
+        raise ValueError(f"random_method {random_method!r} is not a random search (expected 'random' or 'random_<law>')")
+    structured = [m for m in methods if not is_random(m)]
     curves, diffs = [], []
     for (model, task), pq in cells.items():
         n = len(pq["qids"])
         for space in spaces:
             rate = pq["format_failures"][space]
             flags = {"collapsed": rate > collapse_threshold, "format_failure_rate": rate,
-                     "random_format_failure_rate": pq["random_format_failures"][space]}
-            series = {**{m: pq["oracle"][(space, m)] for m in methods}, "random vote": pq["vote"][space]}
+                     "random_format_failure_rate": pq["random_format_failures"][(space, random_method)]}
+            series = {**{m: pq["oracle"][(space, m)] for m in [random_method, *structured]},
+                      "random vote": pq["vote"][(space, random_method)]}
             for name, values in series.items():
                 mean, lo, hi = curve_band(values, seed=seed)
                 curves.append(pd.DataFrame({"model": model, "task": task, "space": space, "series": name,
                                             "k": np.arange(1, K + 1), "value": mean, "lo": lo, "hi": hi, "n": n,
                                             "K": K, "D": pq["D"].mean(), **flags}))
-            random_k = pq["oracle"][(space, "random")][:, -1]
-            for method in [m for m in methods if m != "random"]:
+            random_k = pq["oracle"][(space, random_method)][:, -1]
+            for method in structured:
                 structured = pq["oracle"][(space, method)][:, -1]
                 lo, hi = bootstrap_ci(random_k - structured, seed=seed)
                 diffs.append({"model": model, "task": task, "space": space, "method": method, "n": n, "K": K,
@@ -126,7 +147,7 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
     diffs_df = pd.DataFrame(diffs)
     return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
             "direction_counts": direction_counts(diffs_df),
-            "table1": table1(cells, table1_space(spaces), methods, K, vote_k, mcts_k)}
+            "table1": table1(cells, table1_space(spaces), methods, K, vote_k, mcts_k, random_method)}
 
 
 def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
@@ -143,14 +164,15 @@ def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
 
 
 def table1(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[str], K: int, vote_k: int,
-           mcts_k: int) -> pd.DataFrame:
+           mcts_k: int, random_method: str = RANDOM) -> pd.DataFrame:
     """Percentage points over the unmodified model, per (model, task) and over all of a model's questions pooled
-    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle@mcts_k, random oracle@K."""
+    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle@mcts_k, random oracle@K (the random
+    columns from ``random_method``'s routes)."""
     vote_k, mcts_k = min(vote_k, K), min(mcts_k, K)
     rows = []
     for model in dict.fromkeys(m for m, _ in cells):
-        values = {task: {"D": pq["D"], "router": pq["router"], "vote": pq["vote"][space][:, vote_k - 1],
-                         "random": pq["oracle"][(space, "random")][:, -1],
+        values = {task: {"D": pq["D"], "router": pq["router"], "vote": pq["vote"][(space, random_method)][:, vote_k - 1],
+                         "random": pq["oracle"][(space, random_method)][:, -1],
                          "mcts": pq["oracle"][(space, "mcts")][:, mcts_k - 1] if "mcts" in methods else None}
                   for (m, task), pq in cells.items() if m == model}
         values[POOLED] = {key: None if any(v[key] is None for v in values.values())

@@ -27,7 +27,7 @@ from transformer_lens import HookedTransformer
 
 from reach_lens.hooks import validate_route
 from reach_lens.probes import prompt_ids, question_seed, route
-from reach_lens.routing.local import RandomSearch
+from reach_lens.routing.local import RandomSearch, random_method
 from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn, Search, run_searches
 from reach_lens.routing.spaces import ActionSpace, Path, make_space
@@ -86,20 +86,24 @@ def make_search(method: str, space: ActionSpace, K: int, seed: int, random_route
 
 
 def search_rows(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, spaces: Sequence[str],
-                methods: Sequence[str], K: int, seed: int, random_routes: str = "geometric",
+                methods: Sequence[str], K: int, seed: int, random_routes: Sequence[str] = ("geometric",),
                 batch_size: int = 16) -> list[dict]:
     """Every (action space, method) search of every question, in lockstep (shared decode batches); one row per
     question: ``question_id``, ``searches`` (per search: space, method, seed, routes, rewards, batch_sizes)
     and ``candidates`` (every distinct route generated for the question, as candidate dicts without hidden
-    states). Search seeds are ``question_seed(seed, "id|space|method")``."""
+    states). The method "random" runs once per law of ``random_routes``, as ``random_method(law)`` ("random",
+    "random_uniform"). Search seeds are ``question_seed(seed, "id|space|method")``."""
     ev = RouteEvaluator(model, task, questions, fmt, batch_size=batch_size, keep_hidden=False)
+    runs = [(random_method(law), law) for law in dict.fromkeys(random_routes)] if "random" in methods else []
+    runs = [*runs, *((m, None) for m in methods if m != "random")]
     searches, meta = [], []
     for i, q in enumerate(questions):
         for space in spaces:
-            for method in methods:
-                s = question_seed(seed, f"{q.id}|{space}|{method}")
-                searches.append(make_search(method, make_space(space, model.cfg.n_layers), K, s, random_routes))
-                meta.append((i, {"space": space, "method": method, "seed": s}))
+            for name, law in runs:
+                s = question_seed(seed, f"{q.id}|{space}|{name}")
+                searches.append(make_search("random" if law else name, make_space(space, model.cfg.n_layers), K, s,
+                                            law or "geometric"))
+                meta.append((i, {"space": space, "method": name, "seed": s}))
     traces = run_searches(searches, ev.reward_fn([i for i, _ in meta]))
     rows = [{"question_id": q.id, "searches": [], "candidates": []} for q in questions]
     for (i, info), t in zip(meta, traces):
@@ -116,8 +120,9 @@ def random_route_candidates(model: HookedTransformer, task: Task, questions: Seq
     """Per question, the greedy candidates of the full path and K-1 distinct random routes of `space` (the random
     search of `search_rows`, same seeds: the same routes as the routing study's random search)."""
     ev = RouteEvaluator(model, task, questions, fmt, batch_size=batch_size, keep_hidden=keep_hidden)
+    name = random_method(random_routes)
     searches = [make_search("random", make_space(space, model.cfg.n_layers), K,
-                            question_seed(seed, f"{q.id}|{space}|random"), random_routes) for q in questions]
+                            question_seed(seed, f"{q.id}|{space}|{name}"), random_routes) for q in questions]
     traces = run_searches(searches, ev.reward_fn(list(range(len(questions)))))
     return [[ev.candidate(i, r) for r in t.routes] for i, t in enumerate(traces)]
 

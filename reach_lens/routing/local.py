@@ -10,6 +10,14 @@ from reach_lens.routing.search import Search, distinct_random_routes
 from reach_lens.routing.spaces import ROUTE_LAWS, ActionSpace, Path
 
 
+def random_method(law: str) -> str:
+    """The method name of a random search under route ``law``: "random" (geometric, the default) or
+    "random_<law>" (e.g. "random_uniform"); stored traces and analyses are keyed by it."""
+    if law not in ROUTE_LAWS:
+        raise ValueError(f"route law {law!r} unknown; valid: {', '.join(map(repr, ROUTE_LAWS))}")
+    return "random" if law == "geometric" else f"random_{law}"
+
+
 class RandomSearch(Search):
     """The full path, then K-1 distinct draws of `space.draw_route(rng, law)` (one batch): `law` "geometric"
     (random walks of a geometric number of edits from the full path) or "uniform" (uniform over the space's
