@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reach_lens import load_model  # noqa: E402
-from reach_lens.hooks import Silence  # noqa: E402
+from reach_lens import load_model
+from reach_lens.hooks import Silence
 
 
 def main() -> None:

@@ -11,14 +11,14 @@ __version__ = "0.2.0"
 
 from reach_lens.audit import reach_curve, summarize
 from reach_lens.generate import Engine, Generation, Request, engine_for
-from reach_lens.hooks import Route, Silence, Steer, Units, hooks_for, intervention_from_dict
+from reach_lens.hooks import Latents, Route, Silence, Steer, Units, hooks_for, intervention_from_dict
 from reach_lens.models import encode, load_model, model_fingerprint, prune_magnitude
 from reach_lens.probes import deploy, recognize, route, sample
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import TASK_NAMES, get_task, subsample
 
-__all__ = ["Engine", "Generation", "Protocol", "Request", "Route", "RunStore", "Silence", "Steer", "TASK_NAMES",
+__all__ = ["Engine", "Generation", "Latents", "Protocol", "Request", "Route", "RunStore", "Silence", "Steer", "TASK_NAMES",
            "Units", "deploy", "encode", "engine_for", "get_task", "hooks_for", "intervention_from_dict",
            "load_model", "model_fingerprint", "prune_magnitude", "reach_curve", "recognize", "route", "sample",
            "subsample", "summarize"]

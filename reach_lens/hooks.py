@@ -57,8 +57,8 @@ class PositionTracker:
     is the number of cached positions, i.e. the absolute position of the first query. `probe` reads it
     on every call of the block, so the block's later hooks (`hook_attn_out`, `mlp.hook_post`,
     `hook_mlp_out`, `hook_resid_post`) know their positions exactly: in a plain forward, under
-    TransformerLens's cache (`generate` included), with `start_at_layer`, and in `run_path` (a repeated
-    block is probed at each call). Positions are columns of the token tensor (left padding included).
+    TransformerLens's cache (`generate` included), with `start_at_layer`, and in a hand-written block loop
+    (a repeated block is probed at each call). Positions are columns of the token tensor (left padding included).
 
     A forward without cache (`key_pos == query_pos`) is a prompt: its length is the `prompt_len`
     against which negative positions count (-1 = last prompt position), also in later decode steps.
