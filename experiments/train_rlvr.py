@@ -4,6 +4,8 @@ answers, on a training split disjoint by question id from the audit split (salte
     python experiments/train_rlvr.py                      # both default recipes (GRPO, then SFT) on ARC-Easy
     python experiments/train_rlvr.py --recipe grpo --steps 150 --threads 1
     python experiments/train_rlvr.py --recipe sft --full  # full fine-tuning instead of LoRA
+    python experiments/train_rlvr.py --reward-density arc_easy sciq openbookqa commonsense_qa basic_arithmetic
+                                                          # measure each task's reward density first (the choice)
 
 Checkpoints are plain Hugging Face directories under <cache>/checkpoints/rlvr/<recipe name>/ (LoRA merged),
 with reach_lens_training.json (recipe, split rule, both id lists' hashes, steps, wall time), training_ids.json
@@ -50,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bfloat16 or float16 (part of the recipe, so of the checkpoint's name)")
     p.add_argument("--threads", type=cli.positive_int, default=None, help="torch CPU threads (1 on a shared machine)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint root (default <cache>/checkpoints/rlvr)")
+    p.add_argument("--reward-density", nargs="+", default=None, metavar="TASK",
+                   help="train nothing: measure the base model's reward density (share of correct samples at T=0.8, "
+                        "K=8) on --density-n training questions of each TASK, the measurement a task is chosen by")
+    p.add_argument("--density-n", type=cli.positive_int, default=40, help="questions per task for --reward-density")
     p.add_argument("--figures", type=Path, default=Path("figures"), help="where the training curves go")
     args = p.parse_args(argv)
     cli.check_output_dir(args.figures, "--figures")
@@ -57,8 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--model {args.model!r} is not a Hugging Face checkpoint directory")
     from reach_lens.tasks import TASK_NAMES
 
-    if args.task not in TASK_NAMES:
-        p.error(f"--task {args.task!r} unknown; valid: {', '.join(TASK_NAMES)}")
+    for task in [args.task, *(args.reward_density or [])]:
+        if task not in TASK_NAMES:
+            p.error(f"task {task!r} unknown; valid: {', '.join(TASK_NAMES)}")
     if args.recipe == "all" and (args.steps or args.lr):
         p.error("--steps and --lr set one recipe's values: name it with --recipe grpo or --recipe sft")
     return args
@@ -81,6 +88,31 @@ def recipes_of(args: argparse.Namespace) -> list:
             for kind in kinds]
 
 
+def measure_reward_density(args: argparse.Namespace) -> int:
+    """The base model's reward density on the training side of each task (K=8 samples at T=0.8 each)."""
+    from reach_lens.models import load_model
+    from reach_lens.rlvr.rewards import reward_density
+    from reach_lens.rlvr.split import split_questions
+    from reach_lens.tasks import get_task, subsample
+
+    model = load_model(args.model, device=args.device)
+    rows = []
+    for name in args.reward_density:
+        task = get_task(name)
+        train_side, _, _ = split_questions(task.load(args.source if name == args.task else None), name, args.salt,
+                                           args.audit_share)
+        questions = subsample(train_side, min(args.density_n, len(train_side)), args.seed)
+        rows.append(reward_density(model, task, questions, "native", K=8, temperature=0.8, seed=args.seed))
+        SAY(f"{name}: reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
+    table = pd.DataFrame(rows).sort_values("density", ascending=False)
+    out = Path("runs") / "train_rlvr"
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "reward_density.csv", index=False)
+    print(table.to_string(index=False, float_format="{:.3f}".format))
+    SAY(f"table in {out / 'reward_density.csv'}; the densest task gives GRPO the most signal")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -99,6 +131,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise SystemExit(f"--device: {e}") from None
     args.dtype = str(cli.resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+    if args.reward_density:
+        return measure_reward_density(args)
     from reach_lens.models import embedded_checkpoint_dir
     from reach_lens.rlvr.train import LOG, read_metadata, train
 

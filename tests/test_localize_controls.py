@@ -26,7 +26,7 @@ def embedded():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_selective_unit_plant_is_found_with_a_margin_over_every_other_component(embedded, depth, tmp_path):
+def test_selective_unit_plant_is_found_with_a_margin_over_every_swept_component(embedded, depth, tmp_path):
     model, task, questions, base = embedded
     store = RunStore(tmp_path, Protocol.of(study="test-control", model=model, task=task, questions=questions,
                                            fmt="native", probe="screen", settings={"depth": depth}))

@@ -1,6 +1,7 @@
 """The RLVR study's arithmetic on hand-built records whose answers are known: fates, delta n_reachable, propensity
 bins, budget / lineage / format tables; protocol mismatches refused; the verifiable reward; the id-hash split."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -223,8 +224,20 @@ def test_salted_id_split_is_disjoint_and_stable():
 # ---- figures
 
 
-def test_rlvr_figures_draw_from_the_tables(tmp_path):
+def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     from reach_lens import plots
+
+    drawn = {}
+    save = plots._save
+
+    def capture(fig, path):
+        drawn[Path(path).stem] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", capture)
+
+    def heights(ax):
+        return [round(float(p.get_height()), 9) for p in ax.patches]
 
     base, trained = pair()
     pairs = {"rl": (base, trained), "sft": (base, base)}
@@ -232,12 +245,40 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path):
     fates = tables.fates_table(pairs).assign(T=0.8)
     prop = tables.propensity(pairs).assign(T=0.8)
     t7 = tables.table7({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
-    paths = [plots.plot_rlvr_fates(fates, tmp_path / "fates.png"),
-             plots.plot_rlvr_changes(t5, tmp_path / "changes.png"),
-             plots.plot_rlvr_propensity(prop, tmp_path / "prop.png"), plots.plot_rlvr_lineage(t7, tmp_path / "lin.png")]
+    plots.plot_rlvr_fates(fates, tmp_path / "fates.png")
+    plots.plot_rlvr_changes(t5, tmp_path / "changes.png")
+    plots.plot_rlvr_propensity(prop, tmp_path / "prop.png")
+    plots.plot_rlvr_lineage(t7, tmp_path / "lin.png")
+    left, right = drawn["fates"].axes[:2]
+    expected = [sign * v for col, sign in (("gains_from_reachable", 1), ("gains_from_unreachable", 1), ("losses", -1),
+                                           ("net_deployed_change", 1)) for v in fates[col]]
+    assert heights(left) == pytest.approx(expected)  # series by series, one bar per pair
+    assert heights(right) == pytest.approx([sign * v for col, sign in (("entered_reachable", 1), ("left_reachable", -1),
+                                                                        ("net_reachable_change", 1)) for v in fates[col]])
+    assert heights(drawn["changes"].axes[0]) == pytest.approx([100 * v for m in ("D", "O") for v in t5[f"{m}_change"]])
+    assert heights(drawn["lin"].axes[0]) == pytest.approx([v for m in ("D", "vote", "O") for v in t7[m]])
+    floors = [ln.get_ydata()[0] for ln in drawn["lin"].axes[0].get_lines() if "guessing floor" in str(ln.get_label())]
+    assert floors == pytest.approx([t7.floor.iloc[0], t7.floor_all.iloc[0]])
+    points = [ln for ln in drawn["prop"].axes[0].get_lines() if ln.get_marker() in tuple("os^Dv")]  # not the caps
+    for line_, (_, g) in zip(points, prop.groupby(["pair", "K"], sort=False)):
+        np.testing.assert_allclose(line_.get_ydata(), g.realization.to_numpy(dtype=float))
     log = pd.DataFrame({"step": [5, 10, 15, 15], "reward": [0.2, 0.4, 0.3, np.nan], "reward_std": [0.4, 0.5, 0.4, np.nan]})
-    paths.append(plots.plot_rlvr_training(log, tmp_path / "train.png"))
-    paths.append(plots.plot_rlvr_training(pd.DataFrame({"step": [5, 10], "loss": [0.4, 0.3]}), tmp_path / "sft.png"))
-    assert all(p.stat().st_size > 10_000 for p in paths)
+    plots.plot_rlvr_training(log, tmp_path / "train.png")
+    assert list(drawn["train"].axes[0].get_lines()[0].get_ydata()) == [0.2, 0.4, 0.3]  # the NaN row is dropped
+    plots.plot_rlvr_training(pd.DataFrame({"step": [5, 10], "loss": [0.4, 0.3]}), tmp_path / "sft.png")
+    assert "training loss" in drawn["sft"].axes[0].get_ylabel()
     with pytest.raises(ValueError, match="lacks columns"):
         plots.plot_rlvr_changes(t5.drop(columns="T"), tmp_path / "x.png")
+
+
+def test_reward_density_counts_correct_samples_and_informative_groups(monkeypatch):
+    from reach_lens import probes
+    from reach_lens.rlvr.rewards import reward_density
+
+    hits = [0, 4, 1, 3]  # of K = 4 samples per question
+    monkeypatch.setattr(probes, "sample", lambda model, task, qs, fmt, K, temperature, seed, batch_size:
+                        [[{"correct": k < h} for k in range(K)] for h in hits])
+    got = reward_density(None, get_task("arc_easy"), [None] * 4, "native", K=4, temperature=0.8)
+    assert got["density"] == pytest.approx(8 / 16) and got["any_correct"] == pytest.approx(3 / 4)
+    assert got["informative"] == pytest.approx(2 / 4)  # all-wrong and all-right groups carry no GRPO advantage
+    assert (got["n"], got["K"], got["T"], got["task"]) == (4, 4, 0.8, "arc_easy")

@@ -1,6 +1,7 @@
-"""ARC-Easy and ARC-Challenge (AI2 Reasoning Challenge), in the Hugging Face ``ai2_arc`` layout.
+"""ARC-Easy and ARC-Challenge (AI2 Reasoning Challenge), in the Hugging Face ``ai2_arc`` layout or AI2's original.
 
-Records: ``{"id", "question", "choices": {"text": [...], "label": [...]}, "answerKey"}``. Some questions
+Records: ``{"id", "question", "choices": {"text": [...], "label": [...]}, "answerKey"}`` (or AI2's
+``{"id", "question": {"stem", "choices": [{"text", "label"}, ...]}, "answerKey"}``). Some questions
 label their options ``1``-``5``; every question is displayed with letters ``A, B, ...`` by position and
 its gold letter is the letter at the position of ``answerKey``. Question ids are AI2's.
 Without a source, the embedded validation split (ARC-Easy 570, ARC-Challenge 299) is used.
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
-from reach_lens.tasks.base import MalformedRow, Question
-from reach_lens.tasks.mc import MCTask, make_mc_question
+from reach_lens.tasks.base import Question
+from reach_lens.tasks.mc import MCTask, choices_record, make_mc_question
 from reach_lens.tasks.sources import Row
 
 
@@ -40,22 +41,4 @@ class ARCTask(MCTask):
         return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
-        if not isinstance(data, dict):
-            raise MalformedRow(f"expected a JSON object, got {type(data).__name__}")
-        missing = [k for k in ("id", "question", "choices", "answerKey") if k not in data]
-        if missing:
-            raise MalformedRow(f"missing field(s) {missing}")
-        choices = data["choices"]
-        if not isinstance(choices, dict) or not isinstance(choices.get("text"), list) or not isinstance(
-            choices.get("label"), list
-        ):
-            raise MalformedRow("choices must be an object with lists 'text' and 'label'")
-        texts, labels = choices["text"], [str(label) for label in choices["label"]]
-        if len(texts) != len(labels):
-            raise MalformedRow(f"{len(texts)} choice texts but {len(labels)} labels {labels}")
-        if len(set(labels)) != len(labels):
-            raise MalformedRow(f"repeated choice labels {labels}")
-        key = str(data["answerKey"]).strip()
-        if key not in labels:
-            raise MalformedRow(f"answerKey {key!r} not among choices labels {labels}")
-        return make_mc_question(str(data["id"]), data["question"], texts, labels.index(key))
+        return make_mc_question(*choices_record(data, "question"))
