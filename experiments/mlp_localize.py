@@ -1,8 +1,8 @@
 """MLP localization of recognizes-but-does-not-say failures (the paper's Tables 3-4, Figures 4b and 5).
 
     python experiments/mlp_localize.py                                     # embedded SmolLM2-135M, ARC-Easy
-    python experiments/mlp_localize.py --task piqa --planted 25 --n 400    # easy control: a bias push in MLP 25
-    python experiments/mlp_localize.py --planted-units 20                  # selective control: a rank-1 unit plant
+    python experiments/mlp_localize.py --task piqa --planted 25 --n 400 --min-panel 4   # easy control: a bias push
+    python experiments/mlp_localize.py --task piqa --planted-units 12 --n 400             # selective control
     python experiments/mlp_localize.py --units sae --sae saes/l20-mlp_out                # top-k SAE latents
     python experiments/mlp_localize.py --model path/to/ckpt --task arc_challenge --source data/arc/
 

@@ -77,3 +77,20 @@ def test_place_on_devices_puts_blocks_in_pipeline_order_and_the_engine_follows_t
         from reach_lens.models import load_model
 
         load_model("/nonexistent", n_devices=2, device="cpu")
+
+
+def test_decode_batches_adapt_to_free_gpu_memory(monkeypatch):
+    """On a CUDA model the decode batch is what fits in half the free memory (capped by --batch-size, at least 1);
+    elsewhere it is the cap. A stand-in model says it is on cuda, and mem_get_info reports the free memory."""
+    from types import SimpleNamespace
+
+    from reach_lens.generate.attention import rows_that_fit
+
+    model = make_tiny_model()
+    cfg = model.cfg
+    on_gpu = SimpleNamespace(cfg=cfg, embed=SimpleNamespace(W_E=SimpleNamespace(device=torch.device("cuda"))))
+    per_row = 2 * 4 * 100 * cfg.n_key_value_heads * cfg.d_head * 4 + 4 * (cfg.d_vocab + 4 * cfg.d_model)  # K and V: 4 slots, 100 columns, fp32
+    for free, expected in ((10 * per_row, 5), (per_row // 3, 1), (10**12, 64)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 2 * free))
+        assert rows_that_fit(on_gpu, slots=4, capacity=100, cap=64) == expected
+    assert rows_that_fit(model, slots=4, capacity=100, cap=64) == 64  # a CPU model: the cap

@@ -181,3 +181,32 @@ def test_perturbed_activations_equal_full_forwards_under_each_intervention(worde
     assert not torch.allclose(fast[0], clean, atol=1e-3)  # the perturbation acted
     with pytest.raises(ValueError, match="acts after layer 2"):
         localize.perturbed_last_activations(worded_model, prompts, 2, [Silence("mlp", 3)])
+
+
+def test_activations_and_router_features_follow_the_model_not_the_default_device(worded_model):
+    """With torch's default device set to ``meta`` (the model on the CPU), a tensor made without naming a device
+    would be a meta tensor: these helpers must give the same results as under the ordinary default."""
+    from reach_lens.routing.router import LayerRouter, prompt_features
+
+    prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8", "w9"]
+    ids = [[1, 2, 3], [4, 5, 6, 7], [8]]
+
+    def run():
+        acts = localize.last_prompt_activations(worded_model, prompts, "blocks.1.hook_mlp_out")
+        logits = localize.last_prompt_logits(worded_model, prompts)
+        v, _ = localize.mlp_direction(worded_model, 2, prompts[:2], prompts[2:])
+        features = prompt_features(worded_model, ids)
+        labels = [[1] * 4, [0, 1, 1, 2], [1, 1, 0, 1]]  # skip / keep / repeat per layer
+        routes = LayerRouter(seed=0).fit(features, labels).predict_routes(features)
+        return acts, logits, v, features, routes
+
+    expected = run()
+    torch.set_default_device("meta")
+    try:
+        got = run()
+    finally:
+        torch.set_default_device(None)
+    for e, g in zip(expected[:4], got[:4]):
+        assert g.device.type == "cpu"
+        torch.testing.assert_close(g, e)
+    assert got[4] == expected[4]

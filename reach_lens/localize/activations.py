@@ -38,7 +38,7 @@ def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], ho
         for tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens, names_filter=[hook_name], stop_at_layer=layer + 1)
-            out.append(cache[hook_name][torch.arange(len(tokens)), last].cpu())
+            out.append(cache[hook_name][torch.arange(len(tokens), device=last.device), last].cpu())
     return torch.cat(out)
 
 
@@ -69,7 +69,7 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
                 with model.hooks(fwd_hooks=p.hooks(model) + [(name, grab)]):
                     for block in model.blocks[p.layer:layer + 1]:
                         resid = block(resid)
-                out[i].append(seen.pop("post")[torch.arange(len(tokens)), last].cpu())
+                out[i].append(seen.pop("post")[torch.arange(len(tokens), device=last.device), last].cpu())
     return [torch.cat(o) for o in out]
 
 
@@ -84,7 +84,7 @@ def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_s
     with model.hooks(fwd_hooks=list(hooks)):
         for tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
-                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens)), last]
+                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens), device=last.device), last]
                 if model.cfg.normalization_type is not None:
                     resid = model.ln_final(resid[:, None])[:, 0]
                 out.append(apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0].cpu())

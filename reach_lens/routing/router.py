@@ -36,6 +36,8 @@ from reach_lens.routing.spaces import Path
 
 SKIP, KEEP, REPEAT = 0, 1, 2
 N_ACTIONS = 3
+HOST = torch.device("cpu")  # the router is a small host-side model: features and parameters live here, whatever
+                            # the transformer's device (its activations are moved here) or torch's default device
 
 
 def _run_counts(route: Sequence[int], n_layers: int) -> tuple[Path, np.ndarray]:
@@ -103,21 +105,21 @@ def prompt_features(model: HookedTransformer, prompts: Sequence[Sequence[int] | 
         raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model (0..{n_layers - 1})")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}; expected >= 1")
-    ids = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
+    ids = [torch.as_tensor(p, dtype=torch.long, device=HOST) for p in prompts]
     bad = [i for i, t in enumerate(ids) if t.ndim != 1 or len(t) == 0]
     if bad:
         raise ValueError(f"prompt {bad[0]} has shape {tuple(ids[bad[0]].shape)}; expected 1-D token ids, non-empty")
     hook = f"blocks.{layer}.hook_resid_post"
-    out = torch.empty(len(ids), model.cfg.d_model)
+    out = torch.empty(len(ids), model.cfg.d_model, device=HOST)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
             lengths = [len(ids[i]) for i in rows]
-            tokens = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+            tokens = torch.zeros(len(rows), max(lengths), dtype=torch.long, device=HOST)
             for j, i in enumerate(rows):
                 tokens[j, :lengths[j]] = ids[i]
-            mask = (torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]).long()
+            mask = (torch.arange(max(lengths), device=HOST) < torch.tensor(lengths, device=HOST)[:, None]).long()
             _, cache = model.run_with_cache(tokens.to(model.cfg.device), attention_mask=mask.to(model.cfg.device),
                                             names_filter=hook, stop_at_layer=layer + 1)
             resid = cache[hook].float().cpu()  # [batch, pos, d_model]
@@ -127,7 +129,7 @@ def prompt_features(model: HookedTransformer, prompts: Sequence[Sequence[int] | 
 
 
 def _matrix(x, name: str) -> Float[Tensor, "n d"]:
-    x = torch.as_tensor(x).float().cpu()
+    x = torch.as_tensor(x, device=HOST).float()
     if x.ndim != 2:
         raise ValueError(f"{name} have shape {tuple(x.shape)}; expected [n, d]")
     if not torch.isfinite(x).all():
@@ -171,7 +173,7 @@ class LayerRouter:
         """Train on `features` [N, d] and per-layer `labels` [N, L] (SKIP/KEEP/REPEAT), examples weighted by
         `sample_weight` [N] (non-negative, not all zero; default equal)."""
         x = _matrix(features, "features")
-        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64, device=HOST)
         n, d = x.shape
         if n == 0:
             raise ValueError("features have 0 rows; fit needs at least one example")
@@ -180,7 +182,7 @@ class LayerRouter:
                              f"of shape {tuple(x.shape)}")
         if ((y < SKIP) | (y > REPEAT)).any():
             raise ValueError(f"labels hold values {sorted(set(y.unique().tolist()))}; expected {SKIP}, {KEEP}, {REPEAT}")
-        w = torch.ones(n) if sample_weight is None else torch.as_tensor(np.asarray(sample_weight)).float()
+        w = torch.ones(n, device=HOST) if sample_weight is None else torch.as_tensor(np.asarray(sample_weight), device=HOST).float()
         if w.shape != (n,):
             raise ValueError(f"sample_weight has shape {tuple(w.shape)}; expected ({n},) to match features")
         if not (torch.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
@@ -194,11 +196,11 @@ class LayerRouter:
         freq = torch.stack([(w[:, None] * (y == c)).sum(0) for c in range(N_ACTIONS)], -1)  # [L, 3]
         b2 = torch.log((freq + 0.01) / (1 + 0.01 * N_ACTIONS)).reshape(-1)
         width = self.hidden or d
-        w2 = torch.zeros(width, self.n_layers * N_ACTIONS)
+        w2 = torch.zeros(width, self.n_layers * N_ACTIONS, device=HOST)
         if self.hidden:
             g = torch.Generator().manual_seed(self.seed)
-            w1 = torch.randn(d, self.hidden, generator=g) / d ** 0.5
-            self.params = [w1, torch.zeros(self.hidden), w2, b2]
+            w1 = torch.randn(d, self.hidden, generator=g, device=HOST) / d ** 0.5
+            self.params = [w1, torch.zeros(self.hidden, device=HOST), w2, b2]
             weights = [w1, w2]
         else:
             self.params = [w2, b2]
@@ -296,7 +298,7 @@ def cross_fit_routes(features: Mapping[Hashable, Float[Tensor, " d"]],
     missing = [q for q in found if q not in features]
     if missing:
         raise ValueError(f"questions {missing[:5]} of found have no features")
-    x = {q: torch.as_tensor(f).float().cpu() for q, f in features.items()}
+    x = {q: torch.as_tensor(f).float().to(HOST) for q, f in features.items()}
     bad = [q for q, f in x.items() if f.ndim != 1]
     if bad:
         raise ValueError(f"features of question {bad[0]!r} have shape {tuple(x[bad[0]].shape)}; expected [d]")
