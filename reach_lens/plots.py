@@ -346,7 +346,8 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
         ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
-    fig.suptitle(f"{title[:1].upper() + title[1:]} minus structured search, one dot per model x task cell (n = {_n(diffs.n)} questions per "
+    fig.suptitle(f"{title[:1].upper() + title[1:]} minus structured search, one dot per model x task cell "
+                 f"(n = {_n(diffs.n)} questions per "
                  f"cell, K = {_n(diffs.K)})\nabove each method: cells where random is better / tie / structured "
                  "is better (clean cells); hollow = format collapse", fontsize=8, y=1.08)
     return _save(fig, path)

@@ -84,7 +84,8 @@ def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_s
     with model.hooks(fwd_hooks=list(hooks)):
         for tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
-                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens), device=last.device), last]
+                rows = torch.arange(len(tokens), device=last.device)
+                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[rows, last]
                 if model.cfg.normalization_type is not None:
                     resid = model.ln_final(resid[:, None])[:, 0]
                 out.append(apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0].cpu())

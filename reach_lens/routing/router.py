@@ -182,7 +182,8 @@ class LayerRouter:
                              f"of shape {tuple(x.shape)}")
         if ((y < SKIP) | (y > REPEAT)).any():
             raise ValueError(f"labels hold values {sorted(set(y.unique().tolist()))}; expected {SKIP}, {KEEP}, {REPEAT}")
-        w = torch.ones(n, device=HOST) if sample_weight is None else torch.as_tensor(np.asarray(sample_weight), device=HOST).float()
+        w = (torch.ones(n, device=HOST) if sample_weight is None
+             else torch.as_tensor(np.asarray(sample_weight), device=HOST).float())
         if w.shape != (n,):
             raise ValueError(f"sample_weight has shape {tuple(w.shape)}; expected ({n},) to match features")
         if not (torch.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
