@@ -231,3 +231,32 @@ def test_table1_pools_every_question_of_a_model():
     t1 = analysis.table1(cells, "skip", ["random"], K=4, vote_k=2, mcts_k=2).set_index("task")
     assert t1["random_oracle@4_pp"].to_dict() == pytest.approx({"a": 100.0, "b": 0.0, analysis.POOLED: 100 * 2 / 6})
     assert t1.loc[analysis.POOLED, "n"] == 6  # pooled over questions, not the mean of the task columns
+
+
+def test_routing_analysis_of_several_spaces_laws_and_structured_methods():
+    """Every (space, structured method) pair of every cell is compared with the chosen random law's search."""
+    import pandas as pd
+
+    full, a, b = (0, 1, 2), (0, 2), (1, 2)
+    correct = {full: False, a: True, b: False}
+
+    def search(space, method, routes):
+        return {"space": space, "method": method, "seed": 0, "routes": [list(r) for r in routes],
+                "rewards": [float(correct[r]) for r in routes]}
+
+    traces = [search(space, method, routes) for space in ("skip", "segments")
+              for method, routes in (("random", [full, a]), ("random_uniform", [full, b]), ("mcts", [full, b]),
+                                     ("genetic", [full, a]))]
+    cands = [{"route": list(r), "answer": "A" if ok else "B", "correct": ok, "mean_logprob": -1.0, "length": 1}
+             for r, ok in correct.items()]
+    pq = analysis.per_question(pd.DataFrame([{"question_id": "q", "candidates": cands, "searches": traces}]), K=2,
+                               n_layers=3, router=pd.DataFrame({"question_id": ["q"], "correct": [False]}))
+    methods = ["random", "mcts", "genetic"]
+    for law, expected in (("random", {"mcts": 1.0, "genetic": 0.0}), ("random_uniform", {"mcts": 0.0, "genetic": -1.0})):
+        diffs = analysis.analyse({("m", "t"): pq}, ["skip", "segments"], methods, K=2, vote_k=2, mcts_k=2,
+                                 random_method=law)["random_minus_structured"]
+        assert len(diffs) == 2 * 2 and set(diffs.space) == {"skip", "segments"}
+        for row in diffs.itertuples():
+            assert row.diff == expected[row.method], (law, row.space, row.method)
+    with pytest.raises(ValueError, match="not a random search"):
+        analysis.analyse({("m", "t"): pq}, ["skip"], methods, K=2, random_method="mcts")

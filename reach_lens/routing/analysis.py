@@ -139,11 +139,11 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
                                             "K": K, "D": pq["D"].mean(), **flags}))
             random_k = pq["oracle"][(space, random_method)][:, -1]
             for method in structured:
-                structured = pq["oracle"][(space, method)][:, -1]
-                lo, hi = bootstrap_ci(random_k - structured, seed=seed)
+                other_k = pq["oracle"][(space, method)][:, -1]
+                lo, hi = bootstrap_ci(random_k - other_k, seed=seed)
                 diffs.append({"model": model, "task": task, "space": space, "method": method, "n": n, "K": K,
-                              "random_oracle": random_k.mean(), "structured_oracle": structured.mean(),
-                              "diff": (random_k - structured).mean(), "diff_lo": lo, "diff_hi": hi, **flags})
+                              "random_oracle": random_k.mean(), "structured_oracle": other_k.mean(),
+                              "diff": (random_k - other_k).mean(), "diff_lo": lo, "diff_hi": hi, **flags})
     diffs_df = pd.DataFrame(diffs)
     return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
             "direction_counts": direction_counts(diffs_df),
