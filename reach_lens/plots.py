@@ -289,8 +289,9 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
     if len(c) == 0:
         raise ValueError(f"oracle curves: no rows for action space {space!r} (has {sorted(set(curves.space))})")
     models, tasks = list(dict.fromkeys(c.model)), list(dict.fromkeys(c.task))
-    fig = Figure(figsize=(4.2 * len(tasks), 3.4 * len(models)))
+    fig = Figure(figsize=(4.2 * len(tasks), 3.6 * len(models)))
     axes = np.array(fig.subplots(len(models), len(tasks), squeeze=False))
+    fig.subplots_adjust(hspace=0.5)  # room for two-line panel titles under the x labels of the row above
     for i, m in enumerate(models):
         for j, t in enumerate(tasks):
             ax, cell = axes[i, j], c[(c.model == m) & (c.task == t)]
@@ -301,7 +302,7 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
                 ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
             ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D")
             flag = f", format collapse ({cell.format_failure_rate.iloc[0]:.0%})" if cell.collapsed.iloc[0] else ""
-            broken = (f"\nrandom routes without an answer: {cell.random_format_failure_rate.iloc[0]:.0%}"
+            broken = (f"\nno answer from {cell.random_format_failure_rate.iloc[0]:.0%} of random routes"
                       if "random_format_failure_rate" in cell else "")
             ax.set_title(f"{m} / {t} (n={cell.n.iloc[0]}){flag}{broken}", fontsize=9)
             ax.set_xscale("log", base=2)
@@ -341,15 +342,16 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
                     transform=ax.get_xaxis_transform(), fontsize=7)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(methods)), methods, fontsize=8)
-        broken = (f"random routes without an answer: {d.random_format_failure_rate.mean():.0%} (cell mean)"
+        broken = (f"no answer from {d.random_format_failure_rate.mean():.0%} of random routes (mean)"
                   if "random_format_failure_rate" in d else "")
-        ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=9)
+        ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
     fig.suptitle(f"{title[:1].upper() + title[1:]} minus structured search, one dot per model x task cell "
                  f"(n = {_n(diffs.n)} questions per "
                  f"cell, K = {_n(diffs.K)})\nabove each method: cells where random is better / tie / structured "
-                 "is better (clean cells); hollow = format collapse", fontsize=8, y=1.08)
+                 "is better (clean cells); hollow = format collapse", fontsize=8,
+                 y=1.14 if "random_format_failure_rate" in diffs else 1.08)
     return _save(fig, path)
 
 

@@ -170,7 +170,7 @@ def test_plot_oracle_curves(tmp_path, drawn):
             np.testing.assert_allclose(line(ax, series).get_ydata(), g.value)
         assert line(ax, "deployed D").get_ydata()[0] == 0.3
     assert "format collapse (80%)" in piqa.get_title() and "collapse" not in easy.get_title()
-    assert "random routes without an answer: 25%" in easy.get_title()
+    assert "no answer from 25% of random routes" in easy.get_title()
     assert "n = 5, K = 4" in fig._suptitle.get_text()
     with pytest.raises(ValueError, match="no rows for action space 'segments'"):
         plots.plot_oracle_curves(curves, "segments", tmp_path / "x.png")
@@ -189,7 +189,7 @@ def test_plot_random_minus_structured(tmp_path, drawn):
     hollow = [ln.get_ydata()[0] for ln in dots if ln.get_markerfacecolor() == "none"]
     assert hollow == [-50.0]
     assert sorted(t.get_text() for t in ax.texts) == ["0 / 1 / 0", "1 / 0 / 0"]
-    assert "random routes without an answer: 80% (cell mean)" in ax.get_title()
+    assert "no answer from 80% of random routes (mean)" in ax.get_title()
 
 
 def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_median(tmp_path, drawn):
