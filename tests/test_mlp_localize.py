@@ -123,7 +123,7 @@ def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
 
 
 @pytest.mark.integration
-def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path):
+def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path, monkeypatch):
     """--units sae --sae PATH: the top-k step silences SAE latents (the SAE attached with its error term); a run
     with another SAE is another protocol and another directory, never a reuse of the first one's rows."""
     sae_lens = pytest.importorskip("sae_lens", reason="SAELens is not installed (pip install -e '.[sae]')")
@@ -140,16 +140,30 @@ def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_
     script = load_script()
     args = small_args(tmp_path)
     args[args.index("--layers") + 1] = "24"
-    for seed in (0, 1):
-        assert script.main([*args, "--units", "sae", "--sae", str(saved_sae(seed))]) == 0
+    assert script.main([*args, "--units", "sae", "--sae", str(saved_sae(0))]) == 0
+    run = next((tmp_path / "runs").iterdir())
+    assert "-sae" in run.name
+    units = pd.read_csv(run / "units.csv")
+    assert set(units.space) == {"SAE latents"}
+    assert units.arm.tolist() == ["block", "top", "random", "random"]  # the block, top-k and 2 random-k sets
+    assert units[units.arm != "block"].units.map(lambda ids: len(eval(ids)) == 8 and max(eval(ids)) < 96).all()
+    assert "SAE latents" in (run / "summary.md").read_text()
+
+    # another SAE: a new run directory that starts from nothing (here: its first screen is stopped at once)
+    from reach_lens import localize
+
+    class NewRun(Exception):
+        pass
+
+    def screen_stops(*a, **k):
+        raise NewRun
+
+    monkeypatch.setattr(localize, "screen", screen_stops)
+    assert script.main([*args, "--units", "sae", "--sae", str(saved_sae(0))]) == 0  # the same SAE: all stored
+    with pytest.raises(NewRun):
+        script.main([*args, "--units", "sae", "--sae", str(saved_sae(1))])
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2 and all("-sae" in r.name for r in runs)
-    for run in runs:
-        units = pd.read_csv(run / "units.csv")
-        assert set(units.space) == {"SAE latents"}
-        assert units.arm.tolist() == ["block", "top", "random", "random"]  # the block, top-k and 2 random-k sets
-        assert units[units.arm != "block"].units.map(lambda ids: len(eval(ids)) == 8 and max(eval(ids)) < 96).all()
-        assert "SAE latents" in (run / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("bad", [["--layers", "3-x"], ["--alphas", "-2"], ["--max-eval", "0"], ["--n", "-1"],

@@ -23,7 +23,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     from reach_lens.models import embedded_checkpoint_dir
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     copy = tmp_path / "base-copy"  # the base's weights under another name: a "trained" checkpoint that changed nothing
     copy.mkdir()
@@ -35,8 +35,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
         for layer in hf.model.layers:
             layer.mlp.down_proj.weight.mul_(0.5)
     hf.save_pretrained(edited)
-    for f in embedded_checkpoint_dir().glob("*token*"):
-        (edited / f.name).symlink_to(f)
+    AutoTokenizer.from_pretrained(embedded_checkpoint_dir()).save_pretrained(edited)  # with its chat template
     script = load_script("rlvr_compare")
     args = ["--checkpoints", f"copy={copy}", f"edited={edited}", "--n", "4", "--K", "2", "--chunk", "2",
             "--threads", "1", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
