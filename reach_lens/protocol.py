@@ -121,7 +121,8 @@ class Protocol:
     """What was run: the question set, prompt, grading, probe, decoding and interventions (module docstring).
 
     - ``weights``: ``reach_lens.models.model_fingerprint(model)``; ``questions``: ``question_set_hash``.
-    - ``grader``: ``"name/version"`` of the grading rule (``task.grader``).
+    - ``grader``: ``"name/version"`` of the grading rule (``task.grader``); ``prompt``: what the format name does
+      not say of the prompt (``task.prompt_spec(fmt)``: a few-shot block's source and hash), or None.
     - ``probe``: one of ``PROBES``; ``"sample"`` and ``"route"`` need ``K``; ``"deploy"``, ``"recognize"`` and
       ``"screen"`` are greedy (temperature 0, no K).
     - ``interventions``: their ``to_dict()``; ``settings``: study-specific parameters (JSON, part of the match).
@@ -147,6 +148,7 @@ class Protocol:
     temperature: float
     max_new_tokens: int | None
     stop_strings: tuple[str, ...]
+    prompt: str | None = None
     engine: str = "transformer_lens"
     device: str = "cpu"
     dtype: str = "float32"
@@ -159,7 +161,7 @@ class Protocol:
         put = object.__setattr__
         for name in ("study", "model", "weights", "task", "fmt", "grader", "engine", "device", "dtype", "version"):
             put(self, name, _str(name, getattr(self, name)))
-        for name in ("source", "split", "commit"):
+        for name in ("source", "split", "prompt", "commit"):
             put(self, name, _str(name, getattr(self, name), optional=True))
         if not _HEX64.match(self.questions or ""):
             raise ValueError(f"questions {self.questions!r} must be a question-set hash (64 hex digits, "
@@ -233,6 +235,7 @@ class Protocol:
             probe=probe, K=K, temperature=temperature,
             max_new_tokens=task.max_new_tokens(fmt) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
+            prompt=task.prompt_spec(fmt) if generates and hasattr(task, "prompt_spec") else None,
             engine=(model.name if isinstance(model, Engine) else engine),
             device=device if device is not None else facts["device"],
             dtype=dtype if dtype is not None else facts["dtype"],
@@ -252,7 +255,7 @@ class Protocol:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Protocol:
         """Inverse of ``to_dict``. Unknown fields are refused, and so are missing ones, except those with a fixed
-        default (engine, device, dtype, interventions, settings): version and commit must be given, since
+        default (prompt, engine, device, dtype, interventions, settings): version and commit must be given, since
         today's would misreport a stored run."""
         if not isinstance(d, Mapping):
             raise TypeError(f"Protocol.from_dict takes a dict, got {type(d).__name__}")

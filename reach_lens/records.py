@@ -28,14 +28,15 @@ RECORD_COLUMNS = ("question_id", "gold", "deployed_text", "deployed_answer", "d"
                   "format_failures", "vote_answer", "vote_correct", "candidates")
 CANDIDATE_KEYS = ("text", "answer", "correct", "mean_logprob", "length")
 DEPLOYED_KEYS = ("text", "answer", "correct")
-_BUILT_KEYS = (*CANDIDATE_KEYS, "entropy", "finish_reason", "route", "hidden")
+_BUILT_KEYS = (*CANDIDATE_KEYS, "f1", "entropy", "finish_reason", "route", "hidden")
 
 
 def candidate(task: Any, question: Question, gen: Generation, keep_hidden: bool = False, **extra: object) -> dict:
     """The candidate dict of one generation, graded by ``task.grade(question, text)``.
 
-    Keys: text (``gen.text`` or ""), answer, correct, mean_logprob, length (tokens), entropy (mean untempered
-    token entropy), finish_reason, route (a list, or None for the full path), hidden (a list of floats when
+    Keys: text (``gen.text`` or ""), answer, correct, mean_logprob, length (tokens), f1 (the grader's partial
+    credit, e.g. token F1 of a short answer; None where it has none), entropy (mean untempered token entropy),
+    finish_reason, route (a list, or None for the full path), hidden (a list of floats when
     ``keep_hidden`` and the generation carries one, else None), then ``extra`` (channels of the caller, which
     may not reuse those names).
     """
@@ -58,6 +59,7 @@ def candidate(task: Any, question: Question, gen: Generation, keep_hidden: bool 
         "correct": bool(graded.correct),
         "mean_logprob": float(gen.mean_logprob),
         "length": len(gen.tokens),
+        "f1": None if graded.f1 is None else float(graded.f1),
         "entropy": float(gen.entropy),
         "finish_reason": gen.finish_reason,
         "route": None if gen.route is None else [int(layer) for layer in gen.route],

@@ -117,6 +117,36 @@ def test_prefix_sharing_changes_nothing_and_a_weight_edit_invalidates_it():
     assert [g.tokens for g in edited] == [reference(m, r.prompt, 5, r.route)[0] for r in reqs]
 
 
+@pytest.mark.parametrize("which", ["model", "fallback_model"])
+@pytest.mark.parametrize("hooks", list(HOOKS))
+def test_prompts_sharing_first_tokens_compute_them_once_and_equal_the_reference(which, hooks, request, monkeypatch):
+    m = request.getfixturevalue(which)
+    shots = random_prompts([21], seed=7)[0]
+    prompts = [shots + tail for tail in random_prompts([3, 9, 1], seed=8)]
+    reqs = [greedy(p, 6, r) for p in prompts for r in (None, (0, 1, 2, 3), (0, 1, 1, 2, 3), (0, 2, 3), (1, 3))]
+    engine = TransformerLensEngine(m)
+    gens = engine.generate(reqs, hooks=HOOKS[hooks], batch_size=4)
+    for req, gen in zip(reqs, gens):
+        tokens, logprobs, _, _ = reference(m, req.prompt, 6, req.route, HOOKS[hooks])
+        assert gen.tokens == tokens, (req.prompt, req.route)
+        assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4)
+    cached = set(engine.prefix_cache.entries)
+    if hooks == "embed":  # a hooked embedding leaves nothing clean to share
+        assert not cached
+        return
+    assert shots in cached  # the common prefix was prefilled once, as its own entry
+    # a later call with a new question extends the cached shots: only its own tokens pass through the blocks
+    new_prompt = shots + (5, 6, 7, 8)
+    widths = []
+    block = m.blocks[0]  # watched by wrapping forward, not by a hook (a hook would make the block unclean)
+    monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
+        widths.append(resid.shape[1]), forward(resid, *a, **k))[1])
+    gen = engine.generate([greedy(new_prompt, 4)], hooks=HOOKS[hooks])[0]
+    monkeypatch.undo()
+    assert widths[0] == 4 and max(widths) == 4
+    assert gen.tokens == reference(m, new_prompt, 4, hooks=HOOKS[hooks])[0]
+
+
 def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alone(model):
     prompts = random_prompts([4, 19, 7, 12])
     v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))

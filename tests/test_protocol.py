@@ -34,7 +34,8 @@ CHANGES = {
     "study": "selection", "model": "tiny-rl", "weights": "fedcba9876543210", "task": "gsm8k", "source": None,
     "split": "validation", "questions": question_set_hash(QUESTIONS[:2]), "n": 2, "seed": 1, "fmt": "shared",
     "grader": "numeric/2", "probe": "route", "K": 16, "temperature": 1.2, "max_new_tokens": 32,
-    "stop_strings": ("\n\n", "Question:"), "engine": "vllm", "device": "cuda", "dtype": "bfloat16",
+    "stop_strings": ("\n\n", "Question:"), "prompt": "gsm8k:fewshot/1:STD:GSM8k:sha256=0123456789abcdef",
+    "engine": "vllm", "device": "cuda", "dtype": "bfloat16",
     "interventions": (), "settings": {"alphas": [2, 4, 8]}, "version": "0.2.0",
 }
 

