@@ -34,8 +34,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparsities", type=cli.share, nargs="*", default=[0.3, 0.5],
                    help="MLP magnitude-pruning sparsities for extra checkpoints (default 0.3 0.5)")
     p.add_argument("--logiqa-source", default=None, help="LogiQA file/dir/HF name: adds LogiQA cells")
-    p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES)
-    p.add_argument("--min-failures", type=cli.nonnegative_int, default=5)
+    p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
+                   help="recognition: the gold option ranked first by summed (sum, default) or per-token (norm) "
+                        "option log-likelihood")
+    p.add_argument("--min-failures", type=cli.nonnegative_int, default=5,
+                   help="failure questions a cell needs to meet the criterion (default 5)")
     return p.parse_args(argv)
 
 
@@ -74,12 +77,12 @@ def main(argv=None) -> int:
     cli.publish(args.figures, plots.plot_census(table, out / "census.png", title=f"Recognition vs generation, {name} "
                                                 f"and MLP-pruned copies (n = {args.n} per cell, {args.fmt} format)"))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        say("\n" + table[["cell", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail", "n_healthy",
-                          "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(table[["cell", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail", "n_healthy",
+                     "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
     say(f"{int(table.meets_criterion.sum())} of {len(table)} cells meet the criterion; {table.n_fail.sum()} failure "
         f"questions in all; {(time.time() - started) / 60:.1f} min; tables and figure in {out}, also in {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

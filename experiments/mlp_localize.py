@@ -48,7 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", default=None, help="split (default: the task's default)")
     p.add_argument("--n", type=cli.nonnegative_int, default=300, help="questions screened (default 300; 0 = all)")
     p.add_argument("--fmt", default="native", choices=("native", "shared"), help="generation prompt format")
-    p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES)
+    p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
+                   help="recognition: the gold option ranked first by summed (sum, default) or per-token (norm) "
+                        "option log-likelihood")
     p.add_argument("--healthy-rule", default="already-correct", choices=localize.HEALTHY_RULES,
                    help="healthy panel: generated correctly (the paper's, default) or also recognized")
     p.add_argument("--layers", type=localize.parse_layers, default=None, help="layers swept, e.g. '0-29' or '10,12'")
@@ -56,11 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="identified MLP: largest repair - breakage (net, default) or largest repair (the paper's)")
     p.add_argument("--max-eval", type=cli.positive_int, default=40, help="evaluation questions per panel (40)")
     p.add_argument("--max-calibration", type=cli.positive_int, default=32, help="calibration questions per panel (32)")
-    p.add_argument("--calibration-share", type=cli.share, default=0.5)
+    p.add_argument("--calibration-share", type=cli.share, default=0.5,
+                   help="share of each panel's questions (by id hash) used for calibration (default 0.5)")
     p.add_argument("--min-panel", type=cli.positive_int, default=5, help="fewest questions per panel and split")
     p.add_argument("--runner-ups", type=cli.positive_int, default=3, help="best other components evaluated")
-    p.add_argument("--alphas", type=cli.positive_float, nargs="+", default=[2.0, 4.0, 8.0])
-    p.add_argument("--unit-k", type=cli.positive_int, default=32)
+    p.add_argument("--alphas", type=cli.positive_float, nargs="+", default=[2.0, 4.0, 8.0],
+                   help="steering doses: multiples of v added (-) or (+) (default 2 4 8)")
+    p.add_argument("--unit-k", type=cli.positive_int, default=32, help="units in the top-k and each random set (32)")
     p.add_argument("--random-seeds", type=cli.positive_int, default=5, help="random-unit control sets")
     p.add_argument("--units", default="mlp", choices=("mlp", "sae"),
                    help="top-k step over MLP units (default) or over the latents of an SAE at an MLP output (--sae)")
@@ -200,10 +204,10 @@ def main(argv=None) -> int:
                            units_layer=None if units_layer == layer else units_layer,
                            elapsed_s=time.time() - started,
                            peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    print(localize.write_outputs(study, run_dir, args.figures))
+    print(localize.write_outputs(study, run_dir, args.figures), flush=True)
     say(f"tables, figures and summary.md in {run_dir}; figures copied to {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

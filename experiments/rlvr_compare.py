@@ -46,7 +46,8 @@ from reach_lens.rlvr.split import check_disjoint, split_questions
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
 
-SAY = cli.say("rlvr_compare")
+LOG = cli.logger("rlvr_compare")
+SAY = LOG.info
 BASE = "base"
 PAPER = "paper Table 5 (n=300, K=200, T=0.8): DAPO-32B D 55.0 -> 69.7, O 96.0 -> 82.7, 40 fewer reachable questions"
 
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
     started = time.time()
     cli.setup(args)
     task = get_task(args.task)
-    loaded = task.load(args.source, args.split)
+    loaded = cli.load_source(task, args.source, args.split)
     _, audit_side, split = split_questions(loaded, args.task, args.salt, args.audit_share)
     if args.n > len(audit_side):
         raise SystemExit(f"--n {args.n} out of range: the audit side of {args.task} holds {len(audit_side)} questions "
@@ -158,8 +159,9 @@ def main(argv=None) -> int:
         check_disjoint([q.id for q in questions], training_ids(path), f"{label} checkpoint ({path})")
         meta = read_metadata(path)
         if meta is not None and meta["split"]["audit_ids_sha256"] != split.to_dict()["audit_ids_sha256"]:
-            SAY(f"note: {label} was trained under another split ({meta['split']['salt']!r}, "
-                f"{meta['split']['audit_share']}); its training ids are still disjoint from these audit questions")
+            LOG.warning(f"{label} was trained under another split ({meta['split']['salt']!r}, "
+                        f"{meta['split']['audit_share']}); its training ids are still disjoint from these audit "
+                        "questions")
     settings = {"K": args.K, "samples": 2 * args.K, "split": split.to_dict(), "control_fmt": args.control_fmt}
     run_root = args.out / f"{args.task}-n{len(questions)}-K{args.K}-T{args.T:g}-s{args.seed}"
     native, control, protocols = audit_checkpoints(args, task, questions, settings, {BASE: None, **trained}, run_root)
@@ -192,10 +194,10 @@ def main(argv=None) -> int:
                                           f"Realization after training by base hit rate, {what}"),
                plots.plot_rlvr_lineage(t7, summary / f"rlvr_lineage_{tag}.png", f"Lineage, {what}")]
     cli.publish(args.figures, *figures)
-    print("\n" + text)
+    print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

@@ -56,8 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="'embedded': the --model itself; 'pruned': its magnitude-pruned copy")
     p.add_argument("--prune-sparsity", type=cli.share, default=0.5, help="MLP weight sparsity of the pruned copy")
     p.add_argument("--K", type=cli.positive_int, default=64, help="distinct routes per search (the paper: 200)")
-    p.add_argument("--spaces", nargs="+", default=list(SPACES), choices=list(SPACES))
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--spaces", nargs="+", default=list(SPACES), choices=list(SPACES),
+                   help=f"action spaces of the routes (default all: {' '.join(SPACES)})")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                   help=f"search methods, 'random' included (default all: {' '.join(METHODS)})")
     p.add_argument("--random-routes", nargs="+", default=list(ROUTE_LAWS), choices=ROUTE_LAWS,
                    help="laws of the random searches' routes, each its own search and analysis: geometric walks "
                         "from the full path and/or uniform (default both)")
@@ -123,14 +125,14 @@ def main(argv=None) -> int:
                 out / f"routing_random_minus_structured_{tag}.png", title=f"{law} random routes"))
         cli.publish(args.figures, *figures)
         broken = tables["oracle_curves"].groupby(["model", "task", "space"]).random_format_failure_rate.first()
-        say(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
-            f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"
-            + tables["direction_counts"].to_string(index=False))
-        say(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
-            + tables["table1"].to_string(index=False, float_format="{:.1f}".format))
+        print(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
+              f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"
+              + tables["direction_counts"].to_string(index=False), flush=True)
+        print(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
+              + tables["table1"].to_string(index=False, float_format="{:.1f}".format), flush=True)
     say(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

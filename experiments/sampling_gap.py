@@ -109,18 +109,18 @@ def main(argv=None) -> int:
     table.to_csv(out / "table2.csv", index=False)
     cli.publish(args.figures, plots.plot_gap_table(table, out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png"))
 
-    say(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
-        "guess: a uniform guesser over the options)")
+    print(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
+          "guess: a uniform guesser over the options)")
     print("| model | task | deployed D | vote@K | oracle@K | gap O-D | gap O-vote | guess O_K | format failures |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for _, r in table.iterrows():
         cells = [f"{r[k]:{f}} [{r[k + '_lo']:{f}}, {r[k + '_hi']:{f}}]" for k, f in
                  (("deployed", ".1%"), ("vote", ".1%"), ("oracle", ".1%"), ("gap", "+.1%"), ("selection_gap", "+.1%"))]
         guess = f"{r.guess_oracle:.1%}" if pd.notna(r.get("guess_oracle")) else "n/a (free-form)"
-        print(" | ".join(["", r.model, r.task, *cells, guess, f"{r.format_failure_rate:.1%}", ""]).strip())
+        print(" | ".join(["", r.model, r.task, *cells, guess, f"{r.format_failure_rate:.1%}", ""]).strip(), flush=True)
     say(f"{(time.time() - started) / 60:.1f} min; Table 2 in {out}, figures also in {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

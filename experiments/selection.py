@@ -46,12 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["embedded"], choices=MODELS,
                    help="'embedded': the --model itself; 'pruned': its magnitude-pruned copy")
     p.add_argument("--prune-sparsity", type=cli.share, default=0.5, help="MLP weight sparsity of the pruned copy")
-    p.add_argument("--K", type=cli.positive_int, default=32)
+    p.add_argument("--K", type=cli.positive_int, default=32, help="candidates per question and probe (default 32)")
     p.add_argument("--space", default="skip_repeat", choices=list(SPACES), help="action space of the random routes")
     p.add_argument("--random-routes", default="geometric", choices=ROUTE_LAWS,
                    help="law of the random routes: geometric walks from the full path, or uniform")
     p.add_argument("--T", type=cli.positive_float, default=0.8, help="temperature of the samples in Figure 3a")
-    p.add_argument("--temperatures", type=cli.positive_float, nargs="+", default=[0.4, 0.8, 1.2])
+    p.add_argument("--temperatures", type=cli.positive_float, nargs="+", default=[0.4, 0.8, 1.2],
+                   help="temperatures of Figure 3b (the main --T is always included; default 0.4 0.8 1.2)")
     p.add_argument("--collapse-threshold", type=cli.share, default=0.5,
                    help="share of unextractable answers among a cell's candidates that makes it 'format collapse'")
     return p.parse_args(argv)
@@ -124,13 +125,13 @@ def main(argv=None) -> int:
                                     out / f"selection_recovery_{tag}-T{args.T:g}.png"),
                 plots.plot_selection_gap(sweep, out / f"selection_gap_vs_temperature_{tag}.png"))
 
-    say(f"recovery at K={args.K}, median over clean cells where oracle > greedy:\n"
-        + medians.to_string(index=False, float_format=lambda v: f"{v:+.2f}"))
-    say("oracle - majority vote across temperatures (share of questions):\n" + sweep[["model", "task", "T", "n", "D",
-        "vote", "O", "selection_gap"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"recovery at K={args.K}, median over clean cells where oracle > greedy:\n"
+          + medians.to_string(index=False, float_format=lambda v: f"{v:+.2f}"), flush=True)
+    print("oracle - majority vote across temperatures (share of questions):\n" + sweep[["model", "task", "T", "n",
+          "D", "vote", "O", "selection_gap"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
     say(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

@@ -28,7 +28,8 @@ SAY = cli.say("train_rlvr")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                parents=[cli.verbosity()])
     p.add_argument("--recipe", choices=(*KINDS, "all"), default="all", help="grpo, sft, or all (default: both)")
     p.add_argument("--model", default=None, help="base HF checkpoint directory (default: the embedded model)")
     p.add_argument("--task", default="arc_easy", help="training task (its grader is the reward)")
@@ -42,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=cli.positive_float, default=None, help="GRPO sampling temperature")
     p.add_argument("--salt", default="rlvr", help="salt of the id-hash split (the compare must use the same)")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids held out for the audit")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of training and of the question subsample (default 0)")
     p.add_argument("--save-steps", type=cli.positive_int, default=25, help="TRL checkpoint interval (resume points)")
     p.add_argument("--device", type=cli.device_name, default="auto",
                    help="auto (cuda when a GPU is present), cpu or cuda (TRL uses the visible GPUs; pick GPU N with "
@@ -99,8 +100,8 @@ def measure_reward_density(args: argparse.Namespace) -> int:
     rows = []
     for name in args.reward_density:
         task = get_task(name)
-        train_side, _, _ = split_questions(task.load(args.source if name == args.task else None), name, args.salt,
-                                           args.audit_share)
+        train_side, _, _ = split_questions(cli.load_source(task, args.source if name == args.task else None, None),
+                                           name, args.salt, args.audit_share)
         questions = subsample(train_side, min(args.density_n, len(train_side)), args.seed)
         rows.append(reward_density(model, task, questions, "native", K=8, temperature=0.8, seed=args.seed))
         SAY(f"{name}: reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
@@ -108,18 +109,19 @@ def measure_reward_density(args: argparse.Namespace) -> int:
     out = Path("runs") / "train_rlvr"
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "reward_density.csv", index=False)
-    print(table.to_string(index=False, float_format="{:.3f}".format))
+    print(table.to_string(index=False, float_format="{:.3f}".format), flush=True)
     SAY(f"table in {out / 'reward_density.csv'}; the densest task gives GRPO the most signal")
     return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    cli.configure_output(args)
     try:
         import peft  # noqa: F401
         import trl  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"training needs the rlvr extra: pip install -e '.[rlvr]' ({e})") from None
+        raise cli.UserError(f"training needs the rlvr extra: pip install -e '.[rlvr]' ({e})") from e
     if args.threads:
         import torch
 
@@ -152,4 +154,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.run(main)

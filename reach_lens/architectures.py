@@ -19,6 +19,7 @@ from transformer_lens.pretrained import weight_conversions as tl_conv
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from reach_lens.cache import cache_dir
+from reach_lens.errors import UserError
 
 DEFAULT_N_CTX = 2048
 
@@ -51,6 +52,10 @@ CONVERTERS: dict[str, Callable] = {
     "GptOssForCausalLM": tl_conv.convert_gpt_oss_weights,
 }
 SUPPORTED_ARCHITECTURES = tuple(CONVERTERS)
+
+
+class UnsupportedArchitecture(UserError, ValueError):
+    """A checkpoint whose architecture, or a variant of it, TransformerLens 3.9 cannot express."""
 
 # What a hand-written (e.g. KV-cached) attention and block loop must honour, per architecture: every
 # feature a checkpoint of that architecture can switch on in TransformerLens 3.9. ``attention_features``
@@ -95,7 +100,8 @@ ATTENTION_FEATURES: dict[str, frozenset[str]] = {name: frozenset(features.split(
 
 
 def supported_architecture(hf_config, class_name: str | None = None) -> str:
-    """The supported architecture a Hugging Face config (or model class) names; a ``ValueError`` otherwise."""
+    """The supported architecture a Hugging Face config (or model class) names; ``UnsupportedArchitecture``
+    (a ``ValueError``) otherwise."""
     names = [class_name] if class_name else []
     names += [name for name in getattr(hf_config, "architectures", None) or [] if name not in names]
     if not names:
@@ -108,7 +114,7 @@ def supported_architecture(hf_config, class_name: str | None = None) -> str:
     architecture = next((name for name in names if name in CONVERTERS), None)
     if architecture is None:
         found = names or [f"model_type {getattr(hf_config, 'model_type', 'unknown')!r}"]
-        raise ValueError(
+        raise UnsupportedArchitecture(
             f"unsupported architecture {found}: reach_lens converts the decoder-only architectures that "
             f"TransformerLens 3.9 has weight converters for: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
@@ -128,7 +134,7 @@ def hooked_config(hf_config, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
     if architecture in _TEXT_PART:  # a multimodal wrapper: its language model is what converts
         hf_config, text_architecture = hf_config.get_text_config(), _TEXT_PART[architecture]
         if getattr(hf_config, "final_logit_softcapping", None) is not None:
-            raise ValueError(
+            raise UnsupportedArchitecture(
                 f"unsupported variant of {architecture}: final_logit_softcapping={hf_config.final_logit_softcapping} "
                 "(transformers 5 does not apply it to the multimodal wrapper's logits, earlier versions did)")
     else:
@@ -303,7 +309,7 @@ def _refuse_inexpressible(hf_config, architecture: str) -> None:
     if architecture == "OPTForCausalLM" and hf_config.word_embed_proj_dim != hf_config.hidden_size:
         problems.append(f"word_embed_proj_dim={hf_config.word_embed_proj_dim} != hidden_size={hf_config.hidden_size}")
     if problems:
-        raise ValueError(
+        raise UnsupportedArchitecture(
             f"unsupported variant of {architecture}: {', '.join(problems)} (TransformerLens 3.9's conversion "
             "cannot express it, and a silent conversion would not match the checkpoint)"
         )

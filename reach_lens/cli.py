@@ -1,30 +1,55 @@
 """What every experiment script shares: common arguments checked before anything loads, setup, model
-loading on the chosen device and dtype, and the resumable chunk loop.
+loading on the chosen device and dtype, the resumable chunk loop, output and errors.
 
     parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.data(n=100, chunk=10, task="arc_easy")])
-    parser.add_argument("--K", type=cli.positive_int, default=8)
+    parser.add_argument("--K", type=cli.positive_int, default=8, help="samples per question")
     args = parser.parse_args(argv)
-    cli.setup(args)                                  # threads, output locations (before any model loads)
+    cli.setup(args)                                  # output, threads, output locations (before any model loads)
+    say = cli.say("sampling_gap")                    # the study's logger: say("...") logs at INFO
     model = cli.load(args)                           # load_model on --device / --dtype
     rows = cli.resume(store, "records", questions, args.chunk, make_rows, desc="sampling")
+
+    if __name__ == "__main__":
+        cli.run(main)                                # errors the user causes: a message and exit status 1
+
+Output. What a study is doing goes through logging: the ``reach_lens.experiments.<study>`` logger (``say``)
+writes "[<study>] message" lines to stderr; ``--quiet`` keeps warnings and errors only and hides the progress
+bars, ``--verbose`` adds debug lines (resolved device and dtype, what a resumed table still has to compute).
+A study's result (its final table or summary) is printed to stdout with ``print``, also under ``--quiet``: it
+is the output a user redirects or reads, and the same tables are written as files in the run's directory.
+
+Errors. ``run(main)`` turns every ``reach_lens.errors.UserError`` (a protocol mismatch, a legacy or unreadable
+run directory, a missing or malformed data source, a missing, unreadable or unsupported model, an engine
+lacking a capability, a panel too small, ...) and every ``SystemExit`` carrying a message into
+"<script>: error: <message>" on stderr and exit status 1, without a traceback; bad arguments exit with status 2
+(argparse). ``--debug`` shows the traceback instead. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import io
+import logging
 import math
 import os
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
+from reach_lens.errors import UserError
 from reach_lens.parallel import LocalPool
 from reach_lens.store import RunStore
 
+log = logging.getLogger(__name__)
+STUDIES = "reach_lens.experiments"  # the parent of the studies' loggers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -87,12 +112,24 @@ def device_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"device {text!r} unknown: expected auto, cpu, cuda or cuda:N")
 
 
-# ---- the shared parent parser ------------------------------------------------------------------------
+# ---- the shared parent parsers -----------------------------------------------------------------------
+
+
+def verbosity() -> argparse.ArgumentParser:
+    """``--quiet`` / ``--verbose`` and ``--debug`` (an argparse parent; part of ``common``)."""
+    p = argparse.ArgumentParser(add_help=False)  # no argument group: argparse drops its title for a parent's
+    level = p.add_mutually_exclusive_group()     # mutually exclusive arguments
+    level.add_argument("--quiet", "-q", action="store_true",
+                       help="warnings and errors only, no progress bars (the results are still printed)")
+    level.add_argument("--verbose", "-v", action="store_true", help="also debug messages")
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, show its Python traceback instead of the message alone")
+    return p
 
 
 def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
     """Arguments every experiment takes (an argparse parent: ``ArgumentParser(parents=[common(...)])``)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, parents=[verbosity()])
     g = p.add_argument_group("model, device and outputs (shared by every experiment)")
     g.add_argument("--model", default=None, help="model name or path (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--device", type=device_name, default="auto",
@@ -109,7 +146,7 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
                         "local cluster; implied by --workers > 1")
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other jobs)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seed of the question subsample and of sampling (default 0)")
     g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per decode batch")
     g.add_argument("--out", type=Path, default=Path(out), help=f"run directory root (default {out})")
     g.add_argument("--figures", type=Path, default=Path("figures"), help="where figures are copied (default figures/)")
@@ -124,11 +161,13 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("questions")
     if tasks is not None:
-        g.add_argument("--tasks", nargs="+", default=list(tasks), choices=TASK_NAMES)
+        g.add_argument("--tasks", nargs="+", default=list(tasks), choices=TASK_NAMES, metavar="TASK",
+                       help=f"tasks, one cell each (default {' '.join(tasks)}; choices: {', '.join(TASK_NAMES)})")
     else:
-        g.add_argument("--task", default=task, choices=TASK_NAMES)
+        g.add_argument("--task", default=task, choices=TASK_NAMES,
+                       help=f"task (default {task}; choices: {', '.join(TASK_NAMES)})")
     g.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the embedded data)")
-    g.add_argument("--split", default=None)
+    g.add_argument("--split", default=None, help="split of the source: test, validation, ... (default: the task's)")
     g.add_argument("--n", type=positive_int, default=n, help=f"questions per task (default {n})")
     g.add_argument("--fmt", default="native", choices=("native", "shared"), help="prompt format (default native)")
     g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
@@ -141,10 +180,11 @@ def resolve_device(name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise SystemExit(f"--device {name}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+            raise UserError(f"--device {name}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
         index = int(name.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
-            raise SystemExit(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) (0..{torch.cuda.device_count() - 1})")
+            raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) "
+                            f"(0..{torch.cuda.device_count() - 1})")
     return name
 
 
@@ -160,15 +200,16 @@ def check_output_dir(path: Path, what: str) -> None:
     for p in [path, *path.parents]:
         if p.exists():
             if not p.is_dir():
-                raise SystemExit(f"{what} {str(path)!r}: {str(p)!r} is a file, not a directory")
+                raise UserError(f"{what} {str(path)!r}: {str(p)!r} is a file, not a directory")
             if not os.access(p, os.W_OK):
-                raise SystemExit(f"{what} {str(path)!r}: {str(p)!r} is not writable")
+                raise UserError(f"{what} {str(path)!r}: {str(p)!r} is not writable")
             return
 
 
 def setup(args: argparse.Namespace) -> None:
-    """Before anything heavy: threads, device and dtype resolved (``args.device``/``args.dtype`` become concrete),
-    and output locations checked."""
+    """Before anything heavy: output (``--quiet``/``--verbose``), threads, device and dtype resolved
+    (``args.device``/``args.dtype`` become concrete), and output locations checked."""
+    configure_output(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.device = resolve_device(args.device)
@@ -176,6 +217,8 @@ def setup(args: argparse.Namespace) -> None:
     args.dtype = str(args.torch_dtype).removeprefix("torch.")
     check_output_dir(args.out, "--out")
     check_output_dir(args.figures, "--figures")
+    log.debug("device %s, dtype %s, %d torch threads; runs in %s, figures in %s", args.device, args.dtype,
+              torch.get_num_threads(), args.out, args.figures)
     global _POOL
     if args.ray is not None or args.workers > 1:
         from reach_lens.parallel import make_pool
@@ -187,8 +230,15 @@ def load(args: argparse.Namespace, name: str | None = None):
     """The model of ``--model`` (or ``name``) on ``args.device`` in ``args.torch_dtype`` (after ``setup``)."""
     from reach_lens.models import load_model
 
-    return load_model(name if name is not None else args.model, device=args.device, dtype=args.torch_dtype,
-                      n_devices=args.n_devices)
+    if args.n_devices > 1 and (not args.device.startswith("cuda") or torch.cuda.device_count() < args.n_devices):
+        raise UserError(f"--n-devices {args.n_devices} needs {args.n_devices} CUDA devices and a cuda --device; "
+                        f"this machine has {torch.cuda.device_count()} and --device is {args.device!r}")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:  # TransformerLens prints where it moves the model
+        model = load_model(name if name is not None else args.model, device=args.device, dtype=args.torch_dtype,
+                           n_devices=args.n_devices)
+    for line in printed.getvalue().splitlines():  # stdout holds the study's results only
+        log.debug("%s", line)
+    return model
 
 
 ENGINES = ("transformer_lens", "vllm")
@@ -211,10 +261,10 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
     if args.engine == "transformer_lens":
         return load(args, name)
     if args.ray is not None or args.workers > 1:
-        raise SystemExit("--engine vllm runs in this process (vLLM batches and shards across GPUs itself): "
-                         "drop --ray / --workers, use --n-devices for tensor parallelism")
+        raise UserError("--engine vllm runs in this process (vLLM batches and shards across GPUs itself): "
+                        "drop --ray / --workers, use --n-devices for tensor parallelism")
     if not args.device.startswith("cuda"):
-        raise SystemExit(f"--engine vllm needs a CUDA GPU; --device is {args.device!r}")
+        raise UserError(f"--engine vllm needs a CUDA GPU; --device is {args.device!r}")
     from reach_lens.generate.vllm_engine import VLLMEngine
     from reach_lens.models import embedded_checkpoint_dir
 
@@ -223,23 +273,36 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
         return VLLMEngine(model if model is not None else embedded_checkpoint_dir(), dtype=args.dtype,
                           tensor_parallel_size=args.n_devices, seed=args.seed)
     except ImportError as e:
-        raise SystemExit(str(e)) from None
+        raise UserError(str(e)) from e
+
+
+def load_source(task, source: str | None, split: str | None) -> list:
+    """Every question of ``task`` in ``source``/``split``; what cannot be read (a missing file, a malformed row,
+    named by file and line, a bad split) raises ``UserError`` naming the source."""
+    where = _where(task, source, split)
+    try:
+        loaded = task.load(source, split)
+    except (OSError, ValueError) as e:  # reading the user's source: every such error is about the source
+        raise UserError(f"cannot load {where}: {e}") from e
+    if not loaded:
+        raise UserError(f"no questions: {where} holds 0 questions")
+    log.debug("%d questions of %s", len(loaded), where)
+    return loaded
+
+
+def _where(task, source: str | None, split: str | None) -> str:
+    return f"{task.name} from {source if source is not None else 'its embedded data'}" + (f" ({split})" if split else "")
 
 
 def questions(task, source: str | None, split: str | None, n: int | None, seed: int) -> list:
     """``n`` questions of ``task`` (``tasks.subsample``) from ``source``/``split``, loaded before any model: an
-    empty question set, or ``n`` beyond what the source holds, ends the run with a message naming the source."""
+    empty question set, or ``n`` beyond what the source holds, raises ``UserError`` naming the source."""
     from reach_lens.tasks import subsample
 
-    where = f"{task.name} from {source if source is not None else 'its embedded data'}" + (f" ({split})" if split else "")
-    try:
-        loaded = task.load(source, split)
-    except (OSError, ValueError) as e:  # a missing file, a malformed row (named by file and line), a bad split
-        raise SystemExit(f"cannot load {where}: {e}") from None
-    if not loaded:
-        raise SystemExit(f"no questions: {where} holds 0 questions")
+    loaded = load_source(task, source, split)
     if n is not None and n > len(loaded):
-        raise SystemExit(f"--n {n} out of range: {where} holds {len(loaded)} questions (1..{len(loaded)})")
+        raise UserError(f"--n {n} out of range: {_where(task, source, split)} holds {len(loaded)} questions "
+                        f"(1..{len(loaded)})")
     return subsample(loaded, n, seed)
 
 
@@ -267,11 +330,108 @@ def publish(figures: Path, *paths: Path) -> None:
         shutil.copyfile(path, figures / Path(path).name)
 
 
+# ---- output and errors -------------------------------------------------------------------------------
+
+
+def logger(study: str) -> logging.Logger:
+    """The logger of a study, ``reach_lens.experiments.<study>``: its lines read "[<study>] message"."""
+    return logging.getLogger(f"{STUDIES}.{study}")
+
+
 def say(study: str) -> Callable[[str], None]:
-    """A printer that prefixes what a study is doing with its name."""
-    def print_line(message: str) -> None:
-        print(f"[{study}] {message}", flush=True)
-    return print_line
+    """What a study is doing, logged at INFO by its logger (hidden by ``--quiet``): ``say = cli.say("census")``."""
+    return logger(study).info
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a record comes (pytest and notebooks replace it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
+class _Lines(logging.Formatter):
+    """ "[<study>] message", or "[<study>] warning: message" above INFO; other reach_lens loggers by their
+    module ("[cli] ...")."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        name = record.name.removeprefix(f"{STUDIES}.").removeprefix("reach_lens.")
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        text = f"[{name}] {level}{record.getMessage()}"
+        return text + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+
+_HANDLER = _CurrentStderr()
+_HANDLER.setFormatter(_Lines())
+_TQDM_INIT = None  # tqdm's own __init__ while --quiet hides the bars
+_DEBUG = False  # --debug of the running script
+
+
+def configure_output(args: argparse.Namespace) -> None:
+    """Route reach_lens's loggers to stderr at the level of ``args.quiet`` / ``args.verbose`` (WARNING / DEBUG,
+    else INFO), and hide every tqdm progress bar under ``--quiet``. Safe to call again (a rerun in one process)."""
+    global _DEBUG
+    quiet, verbose, _DEBUG = (bool(getattr(args, flag, False)) for flag in ("quiet", "verbose", "debug"))
+    root = logging.getLogger("reach_lens")
+    root.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+    if _HANDLER not in root.handlers:
+        root.addHandler(_HANDLER)
+    root.propagate = False  # one line per message, also when the application configured the root logger
+    _hide_progress_bars(quiet)
+
+
+def _hide_progress_bars(hidden: bool) -> None:
+    """tqdm reads its one global switch (``TQDM_DISABLE``) only when it is imported, before any script can parse
+    ``--quiet``: this sets the same default, ``disable=True``, on the class every bar (ours, the localization
+    steps', TRL's) is made of, and puts tqdm's own back when ``hidden`` is False."""
+    import tqdm.std
+
+    global _TQDM_INIT
+    if hidden and _TQDM_INIT is None:
+        _TQDM_INIT = tqdm.std.tqdm.__dict__["__init__"]
+        tqdm.std.tqdm.__init__ = functools.partialmethod(_TQDM_INIT, disable=True)
+    elif not hidden and _TQDM_INIT is not None:
+        tqdm.std.tqdm.__init__, _TQDM_INIT = _TQDM_INIT, None
+
+
+def run(main: Callable[[list[str] | None], int | None], argv: Sequence[str] | None = None) -> NoReturn:
+    """Run a script's ``main(argv)`` and exit with its status; the one place that turns the errors a user causes
+    into a message. A ``UserError`` or a ``SystemExit`` with a message: "<script>: error: <message>" on stderr,
+    status 1 (a traceback with ``--debug``); an interrupt: status 130; bad arguments: argparse's status 2. Any
+    other exception propagates with its traceback."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # read before main parses (an error can come before or while it does); setup() reads main's own arguments
+    configure_output(argparse.Namespace(quiet=bool({"--quiet", "-q"} & set(argv)),
+                                        verbose=bool({"--verbose", "-v"} & set(argv)), debug="--debug" in argv))
+    prog = os.path.basename(sys.argv[0]) or "reach_lens"
+    try:
+        status = main(argv)
+    except UserError as e:
+        if _DEBUG:
+            raise
+        _fail(f"{prog}: error: {e}", 1)
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            raise
+        if _DEBUG:
+            traceback.print_exc()
+        _fail(f"{prog}: error: {e.code}", 1)
+    except KeyboardInterrupt:
+        if _DEBUG:
+            raise
+        _fail(f"{prog}: interrupted", 130)
+    sys.exit(status or 0)
+
+
+def _fail(message: str, status: int) -> NoReturn:
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    sys.exit(status)
 
 
 # ---- the resumable loop ------------------------------------------------------------------------------
@@ -295,6 +455,8 @@ def resume(store: RunStore, table: str, items: Sequence[Any], chunk: int, rows_o
         raise ValueError(f"chunk {chunk} out of range: expected >= 1")
     done = store.done(table, key=column)
     todo = [item for item in items if key(item) not in done]
+    log.debug("%s/%s: %d of %d done, %d to compute in chunks of %d", store.root, table, len(items) - len(todo),
+              len(items), len(todo), chunk)
     parts = [todo[start:start + chunk] for start in range(0, len(todo), chunk)]
     with tqdm(total=len(items), initial=len(items) - len(todo), desc=desc or table, unit="q") as bar:
         for index, rows in (pool or _POOL).map(rows_of, parts):

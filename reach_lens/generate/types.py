@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from reach_lens.errors import UserError
+
 FINISH_REASONS = ("eos", "stop", "length")
 
 
-class EngineCapabilityError(ValueError):
+class EngineCapabilityError(UserError, ValueError):
     """A request needs something (hooks, routes, hidden states, log-likelihoods) this engine cannot do."""
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from transformer_lens import HookedTransformer
 
 from reach_lens import probes
+from reach_lens.errors import UserError
 from reach_lens.tasks import Question, Task
 
 RECOGNITION_RULES = ("sum", "norm")
@@ -93,7 +94,7 @@ def panel_sizes(panels: pd.DataFrame) -> dict[tuple[str, str], int]:
     return {(p, r): int(counts.get((p, r), 0)) for p in PANELS for r in ROLES}
 
 
-class PanelTooSmall(ValueError):
+class PanelTooSmall(UserError, ValueError):
     """A panel has fewer questions than the study needs; raised before any intervention runs."""
 
 

@@ -1,0 +1,283 @@
+"""The experiment scripts' shared command line: errors a user causes end in a message and a status, output goes
+through logging with --quiet/--verbose, and every argument has help.
+
+The scripts run as subprocesses (their real exit status and stderr) on a tiny random Llama checkpoint with a
+word-level tokenizer, written once per module, over a few ARC-format questions: no embedded model is loaded.
+``cli.run`` itself is also checked in process for every ``UserError`` subclass.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from reach_lens import cli
+from reach_lens.architectures import UnsupportedArchitecture
+from reach_lens.errors import UserError
+from reach_lens.generate.types import EngineCapabilityError
+from reach_lens.localize.panels import PanelTooSmall
+from reach_lens.models import ModelNotFound, UnreadableModel
+from reach_lens.store import LegacyRunDirectory, ProtocolMismatch, UnreadableRunDirectory
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("census", "mlp_localize", "rlvr_compare", "routing", "sampling_gap", "selection", "train_rlvr")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def run_script(name: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python experiments/<name>.py argv`` with this checkout first on the path; its status, stdout, stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def refused(result: subprocess.CompletedProcess, script: str, *says: str) -> str:
+    """Assert a clean refusal (status 1, '<script>.py: error: ...', no traceback); returns stderr."""
+    err = result.stderr
+    assert result.returncode == 1, (result.returncode, err)
+    assert "Traceback" not in err, err
+    assert f"{script}.py: error: " in err, err
+    for text in says:
+        assert text in err, (text, err)
+    return err
+
+
+def arc_file(path: Path, n: int = 8, broken_line: int | None = None) -> Path:
+    """``n`` three-option ARC-format questions; line ``broken_line`` (1-based) is not JSON."""
+    rows = [json.dumps({"id": f"q{i}", "question": f"Which one is number {i}?", "answerKey": "ABC"[i % 3],
+                        "choices": {"text": ["ice", "fire", "snow"], "label": ["A", "B", "C"]}}) for i in range(n)]
+    if broken_line is not None:
+        rows[broken_line - 1] = '{"id": "q-broken", "question": '
+    path.write_text("".join(row + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Llama checkpoint (2 layers, d_model 16) with a word-level tokenizer and a chat template."""
+    directory = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
+    words = sorted({w for i in range(8) for w in f"Which one is number {i}? ice fire snow A B C Answer:".split()})
+    vocab = ["<unk>", "<s>", "</s>", *words]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        pad_token="</s>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# ---------------------------------------------------------------- the errors a user causes, per script
+
+
+def test_bad_arguments_exit_2_with_argparse_usage(tmp_path):
+    result = run_script("sampling_gap", "--n", "0", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "usage: sampling_gap.py" in result.stderr and "error: argument --n: 0 out of range" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_source_is_a_message(tmp_path):
+    argv = ["--tasks", "arc_easy", "--source", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "runs")]
+    refused(run_script("census", *argv, cwd=tmp_path), "census", "cannot load arc_easy from", "missing.jsonl",
+            "does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unsupported_architecture_is_refused_before_any_weight(tmp_path):
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    result = run_script("mlp_localize", "--model", str(bert), "--source", str(arc_file(tmp_path / "q.jsonl")),
+                        "--n", "4", "--out", str(tmp_path / "runs"), "--threads", "1", cwd=tmp_path)
+    refused(result, "mlp_localize", "unsupported architecture ['BertForMaskedLM']", "LlamaForCausalLM")
+
+
+def test_quiet_run_then_another_protocol_in_the_same_directory(tmp_path, checkpoint):
+    """A --quiet run prints its table and nothing else; a rerun under another --fmt is refused, naming the field."""
+    argv = ["--model", str(checkpoint), "--tasks", "arc_easy", "--source", str(arc_file(tmp_path / "q.jsonl")),
+            "--n", "2", "--K", "2", "--T", "0.8", "--temperatures", "0.8", "--out", str(tmp_path / "runs"),
+            "--figures", str(tmp_path / "figures"), "--threads", "1"]
+    first = run_script("sampling_gap", *argv, "--fmt", "shared", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("Table 2: n=2 per cell, K=2")  # the results only: no library's prints
+    assert "| model | task | deployed D |" in first.stdout and "| tiny-llama | arc_easy |" in first.stdout
+    assert not [line for line in first.stderr.splitlines() if line.startswith("[")], first.stderr  # no messages
+    assert "%|" not in first.stderr, first.stderr  # no progress bars (ours, the loaders')
+    again = run_script("sampling_gap", *argv, "--fmt", "native", cwd=tmp_path)
+    refused(again, "sampling_gap", "holds a run under a different protocol", 'fmt: stored "shared", given "native"')
+
+
+def test_legacy_run_directory_is_refused(tmp_path, checkpoint):
+    run = tmp_path / "runs" / "tiny-llama-arc_easy-n2-K2-s0" / "deployed"
+    run.mkdir(parents=True)
+    (run / "protocol.json").write_text(json.dumps({"study": "sampling_gap", "n": 2}))
+    result = run_script("sampling_gap", "--model", str(checkpoint), "--tasks", "arc_easy", "--source",
+                        str(arc_file(tmp_path / "q.jsonl")), "--n", "2", "--K", "2", "--fmt", "shared",
+                        "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures"), "--threads", "1",
+                        cwd=tmp_path)
+    refused(result, "sampling_gap", "was written by an earlier reach_lens")
+
+
+def test_too_small_panel_ends_the_main_job_with_a_message(tmp_path, checkpoint):
+    result = run_script("mlp_localize", "--model", str(checkpoint), "--source", str(arc_file(tmp_path / "q.jsonl")),
+                        "--n", "4", "--fmt", "shared", "--out", str(tmp_path / "runs"), "--figures",
+                        str(tmp_path / "figures"), "--threads", "1", cwd=tmp_path)
+    refused(result, "mlp_localize", "panels too small for the study", "need >= 5 each")
+    assert "[mlp_localize] " in result.stderr  # the study's messages: on stderr, by its logger
+
+
+# ---------------------------------------------------------------- cli.run itself
+
+
+USER_ERRORS = [ProtocolMismatch, LegacyRunDirectory, UnreadableRunDirectory, EngineCapabilityError, PanelTooSmall,
+               UnsupportedArchitecture, ModelNotFound, UnreadableModel, UserError]
+
+
+@pytest.mark.parametrize("error", USER_ERRORS, ids=lambda e: e.__name__)
+def test_run_turns_each_user_error_into_a_message_and_status_1(error, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["study.py"])
+
+    def main(argv):
+        raise error("what went wrong\n  and where")
+
+    with pytest.raises(SystemExit) as stop:
+        cli.run(main, [])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == "study.py: error: what went wrong\n  and where\n"
+    with pytest.raises(error, match="what went wrong"):  # --debug: the exception itself, with its traceback
+        cli.run(main, ["--debug"])
+
+
+def test_user_errors_keep_their_builtin_types():
+    assert all(issubclass(e, UserError) for e in USER_ERRORS)
+    assert all(issubclass(e, ValueError) for e in USER_ERRORS if e not in (ModelNotFound, UserError))
+    assert issubclass(ModelNotFound, FileNotFoundError)
+
+
+def test_run_keeps_a_bug_s_traceback_and_passes_statuses_through(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["study.py"])
+
+    def bug(argv):
+        raise ValueError("an index went wrong")  # not a UserError: a bug, never turned into a message
+
+    with pytest.raises(ValueError, match="an index went wrong"):
+        cli.run(bug, [])
+    for main, status, err in [(lambda argv: 0, 0, ""), (lambda argv: 3, 3, ""),
+                              (lambda argv: sys.exit(2), 2, ""),
+                              (lambda argv: sys.exit("--workers: no cluster"), 1, "study.py: error: --workers: no cluster\n")]:
+        with pytest.raises(SystemExit) as stop:
+            cli.run(main, [])
+        assert stop.value.code == status
+        assert capsys.readouterr().err == err
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        cli.run(interrupted, [])
+    assert stop.value.code == 130 and capsys.readouterr().err == "study.py: interrupted\n"
+
+
+def test_malformed_source_is_a_message_naming_its_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the questions were read"))
+    monkeypatch.setattr(sys, "argv", ["selection.py"])
+    source = arc_file(tmp_path / "q.jsonl", broken_line=3)
+    with pytest.raises(SystemExit) as stop:
+        cli.run(load_script("selection").main, ["--tasks", "arc_easy", "--source", str(source), "--out",
+                                                str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.startswith("selection.py: error: cannot load arc_easy from ")
+    assert "q.jsonl line 3: invalid JSON" in err and "Traceback" not in err
+    with pytest.raises(UserError) as debug:  # --debug: the error and its cause, for their tracebacks
+        cli.run(load_script("selection").main, ["--tasks", "arc_easy", "--source", str(source), "--debug",
+                                                "--out", str(tmp_path / "runs")])
+    assert isinstance(debug.value.__cause__, ValueError) and "line 3" in str(debug.value.__cause__)
+
+
+# ---------------------------------------------------------------- output: logging, --quiet, --verbose
+
+
+@pytest.fixture
+def output():
+    yield
+    cli.configure_output(argparse.Namespace())  # the default again: INFO, progress bars shown
+
+
+@pytest.mark.parametrize("flags, shown", [({}, {"info", "warning"}), ({"quiet": True}, {"warning"}),
+                                          ({"verbose": True}, {"debug", "info", "warning"})])
+def test_levels_and_progress_bars(output, capsys, flags, shown):
+    from tqdm import tqdm
+
+    cli.configure_output(argparse.Namespace(**flags))
+    log = cli.logger("census")
+    cli.say("census")("info")
+    log.debug("debug")
+    log.warning("warning")
+    for _ in tqdm(range(3), desc="a bar"):
+        pass
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("[census]")]
+    expected = {"debug": "[census] debug", "info": "[census] info", "warning": "[census] warning: warning"}
+    assert lines == [expected[k] for k in ("info", "debug", "warning") if k in shown]
+    assert ("a bar" in captured.err) == (not flags.get("quiet")) and captured.out == ""
+
+
+def test_quiet_and_verbose_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.verbosity().parse_args(["--quiet", "--verbose"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- every argument has help
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"cli_experiment_{name}", ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Built(Exception):
+    pass
+
+
+def script_parser(name: str, monkeypatch) -> argparse.ArgumentParser:
+    """The parser a script's ``parse_args`` builds, caught as it starts parsing."""
+    built = []
+
+    def catch(self, args=None, namespace=None):
+        built.append(self)
+        raise _Built
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    with pytest.raises(_Built):
+        load_script(name).parse_args([])
+    return built[0]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_argument_has_help_and_the_output_flags(name, monkeypatch):
+    parser = script_parser(name, monkeypatch)
+    options = {option for action in parser._actions for option in action.option_strings}
+    assert {"--quiet", "--verbose", "--debug", "--help"} <= options
+    missing = [action.option_strings or action.dest for action in parser._actions
+               if not (action.help and action.help.strip()) or action.help == argparse.SUPPRESS]
+    assert not missing, f"{name}: arguments without help: {missing}"
