@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     sources = {t: (args.source, args.split) for t in args.tasks}
     sources |= {"logiqa": (args.logiqa_source, None)} if args.logiqa_source else {}
     cells = {t: (get_task(t), source, split) for t, (source, split) in sources.items()}
+    cli.check_formats(args.fmt, [task for task, _, _ in cells.values()])
     questions = {t: cli.questions(task, source, split, args.n, args.seed) for t, (task, source, split) in cells.items()}
     base = cli.load(args)
     name = base.cfg.model_name
@@ -57,14 +58,14 @@ def main(argv=None) -> int:
         model = base if sparsity == 0 else prune_magnitude(base, sparsity)
         checkpoint = name if sparsity == 0 else f"{name}-mlp{sparsity:g}"
         for t, (task, source, split) in cells.items():
-            qs = questions[t]
+            qs, fmt = questions[t], cli.cell_format(args.fmt, task, model)
             protocol = Protocol.of(study="census", model=model, task=task, questions=qs, source=source, split=split,
-                                   seed=args.seed, fmt=args.fmt, probe="screen",
+                                   seed=args.seed, fmt=fmt, probe="screen",
                                    settings={"recognition": args.recognition, "sparsity": sparsity})
             protocols.append(protocol)
             store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}-s{args.seed}", protocol)
-            screened = cli.resume(store, "screen", qs, args.chunk, lambda part, task=task, m=model: localize.screen(
-                m, task, part, args.fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
+            screened = cli.resume(store, "screen", qs, args.chunk, lambda part, task=task, m=model, fmt=fmt: localize.screen(
+                m, task, part, fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
             short = "base" if sparsity == 0 else f"mlp{sparsity:g}"
             rows.append({"cell": f"{checkpoint} / {t}", "label": f"{short} / {t}", "checkpoint": checkpoint,
                          "sparsity": sparsity, "task": t,
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     table.to_csv(out / "census.csv", index=False)
     table.to_parquet(out / "census.parquet", index=False)
     cli.publish(args.figures, plots.plot_census(table, out / "census.png", title=f"Recognition vs generation, {name} "
-                                                f"and MLP-pruned copies (n = {args.n} per cell, {args.fmt} format)"))
+                                                f"and MLP-pruned copies (n = {args.n} per cell, {fmt} format)"))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[["cell", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail", "n_healthy",
                      "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)

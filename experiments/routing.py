@@ -37,7 +37,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import cli, plots
+from reach_lens import audit, cli, plots
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
@@ -76,14 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, pd.DataFrame]:
     """The protocol, store and searches table of one (model, task) cell: every search of every question (resumed)."""
+    fmt = cli.cell_format(args.fmt, task, model, routes=True)
     protocol = Protocol.of(study="routing", model=model, task=task, questions=qs, source=args.source, split=args.split,
-                           seed=args.seed, fmt=args.fmt, probe="route", K=args.K,
+                           seed=args.seed, fmt=fmt, probe="route", K=args.K,
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",
                                      "random_routes": args.random_routes})
     laws = "+".join(args.random_routes)
     store = RunStore(args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
     searches = cli.resume(store, "searches", qs, args.chunk, lambda part: search_rows(
-        model, task, part, args.fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
+        model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
         desc=f"{label} {task.name} searches")
     return protocol, store, searches
 
@@ -93,6 +94,7 @@ def main(argv=None) -> int:
     cli.setup(args)
     say, started = cli.say("routing"), time.time()
     tasks = {t: get_task(t) for t in args.tasks}
+    cli.check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
     L, space1 = base.cfg.n_layers, analysis.table1_space(args.spaces)
@@ -101,8 +103,8 @@ def main(argv=None) -> int:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
         runs = {t: search_cell(model, label, task, questions[t], args) for t, task in tasks.items()}
         router = LearnedRouter(model, {t: RouterCell(tasks[t], questions[t], analysis.found_routes(df, space1),
-                                                     known_candidates(df.candidates, df.question_id))
-                                       for t, (_, _, df) in runs.items()}, args.fmt, args.seed, args.batch_size)
+                                                     known_candidates(df.candidates, df.question_id), protocol.fmt)
+                                       for t, (protocol, _, df) in runs.items()}, args.seed, args.batch_size)
         for t, (protocol, store, searches) in runs.items():
             routed = cli.resume(store, "router", questions[t], args.chunk,
                                 lambda part, t=t, router=router: router.rows(t, part), desc=f"{label} {t} learned router")
@@ -114,6 +116,9 @@ def main(argv=None) -> int:
     for law in args.random_routes:
         tables = analysis.analyse(cells, args.spaces, args.methods, args.K, args.vote_k, args.mcts_k,
                                   args.collapse_threshold, args.seed, random_method=random_method(law))
+        floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
+        curves = tables["oracle_curves"]
+        curves["guess"] = [audit.guesser_reach(floors[t], k) for t, k in zip(curves.task, curves.k)]
         tag = f"n{args.n}-K{args.K}-{law}"
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)

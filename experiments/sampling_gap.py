@@ -1,7 +1,7 @@
 """The sampling gap: deployed (greedy) vs majority vote@K vs oracle@K, per model x task cell (the paper's Table 2
 and Figure 3b).
 
-    python experiments/sampling_gap.py                     # embedded model x ARC-Easy and basic arithmetic, n=100, K=8
+    python experiments/sampling_gap.py                     # embedded model x SQuAD, TriviaQA, ARC-Easy, arithmetic
     python experiments/sampling_gap.py --tasks gsm8k --source ../shared/data/gsm8k/test.jsonl --n 50
     python experiments/sampling_gap.py --models Qwen/Qwen2.5-0.5B-Instruct /path/to/ckpt --tasks arc_challenge
     python experiments/sampling_gap.py --tasks arc_easy --temperatures 0.2 0.5 0.8 1.1 --K 16
@@ -29,9 +29,12 @@ from reach_lens.store import RunStore
 from reach_lens.tasks import get_task
 
 
+DEFAULT_TASKS = ("squad", "trivia_qa", "arc_easy", "basic_arithmetic")  # free-form cells beside the MC one
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.engines(),
-                                         cli.data(n=100, chunk=10, tasks=["arc_easy", "basic_arithmetic"])],
+                                         cli.data(n=150, chunk=10, tasks=list(DEFAULT_TASKS))],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=[None], metavar="MODEL",
                    help="model names or paths, one Table 2 row per model x task (default: the embedded model)")
@@ -48,8 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
     """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row. ``model``
     is a HookedTransformer or a hook-free engine (``--engine``)."""
+    fmt = cli.cell_format(args.fmt, task, model)
     deploy = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, source=args.source,
-                         split=args.split, seed=args.seed, fmt=args.fmt, probe="deploy")
+                         split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
     name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
     tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
@@ -57,14 +61,14 @@ def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
     run = args.out / tag
 
     def deployed_rows(part):
-        return [{"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, args.fmt,
+        return [{"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt,
                                                                                 batch_size=args.batch_size))]
 
     deployed = cli.resume(RunStore(run / "deployed", deploy), "deployed", questions, args.chunk, deployed_rows,
                           desc=f"greedy deployment ({task.name})").set_index("question_id")
 
     def records_at(T, part):
-        cands = probes.sample(model, task, part, args.fmt, K=args.K, temperature=T, seed=args.seed,
+        cands = probes.sample(model, task, part, fmt, K=args.K, temperature=T, seed=args.seed,
                               batch_size=args.batch_size)
         return [make_record(q.id, q.gold, deployed.loc[q.id].to_dict(), cs, majority_vote(cs))
                 for q, cs in zip(part, cands)]
@@ -72,12 +76,14 @@ def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
     records = {T: cli.resume(RunStore(run / f"T{T:g}", p), "records", questions, args.chunk,
                              lambda part, T=T: records_at(T, part), desc=f"sampling {task.name}, K={args.K}, T={T:g}")
                for T, p in sample.items()}
-    sweep = audit.temperature_sweep(records, seed=args.seed)
+    options = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
+    sweep = audit.temperature_sweep(records, seed=args.seed).assign(
+        guess_D=audit.guesser_reach(options, 1), guess_O=audit.guesser_reach(options, args.K))
     r = sweep[sweep["T"] == args.T].iloc[0]
-    row = {"model": name, "task": task.name, "T": args.T, **audit.gap_table_row(r)}
-    if task.kind == "mc":
-        row["guess_deployed"], row["guess_oracle"] = audit.guessing_floor([len(q.options) for q in questions], args.K)
+    row = {"model": name, "task": task.name, "fmt": fmt, "T": args.T, **audit.gap_table_row(r),
+           "guess_deployed": r.guess_D, "guess_oracle": r.guess_O}
     curve = audit.reach_curve(records[args.T], seed=args.seed)
+    curve["guess"] = audit.guesser_reach(options, curve["k"])
     out = cli.summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
     for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
         df.to_csv(out / f"{file}.csv", index=False)
@@ -95,6 +101,7 @@ def main(argv=None) -> int:
     cli.setup(args)
     say, started = cli.say("sampling_gap"), time.time()
     tasks = [get_task(t) for t in args.tasks]
+    cli.check_formats(args.fmt, tasks)
     question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
     rows, protocols = [], []
     for model_name in args.models:

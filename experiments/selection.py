@@ -64,15 +64,16 @@ def temperatures(args) -> list[float]:
 
 def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStore, dict[str, pd.DataFrame]]:
     """The protocols, the route store and the records of every probe of one (model, task) cell (resumed)."""
+    fmt = cli.cell_format(args.fmt, task, model, routes=True)  # routes and samples share one prompt
     deploy = Protocol.of(study="selection", model=model, task=task, questions=qs, source=args.source, split=args.split,
-                         seed=args.seed, fmt=args.fmt, probe="deploy")
+                         seed=args.seed, fmt=fmt, probe="deploy")
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",
                                                                "random_routes": args.random_routes})
     samples = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in temperatures(args)}
     root = args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"
     bs, cell = args.batch_size, f"{label} {task.name}"
     deployed = cli.resume(RunStore(root / "deployed", deploy), "deployed", qs, args.chunk, lambda part: [
-        {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, args.fmt, batch_size=bs))],
+        {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt, batch_size=bs))],
         desc=f"{cell} deployed").set_index("question_id")
 
     def records(part, cands):
@@ -81,10 +82,10 @@ def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStor
 
     store = RunStore(root / f"routes-{args.space}-{args.random_routes}", routes)
     tables = {"routes": cli.resume(store, "records", qs, args.chunk, lambda part: records(part, random_route_candidates(
-        model, task, part, args.fmt, args.space, args.K, args.seed, args.random_routes, bs)), desc=f"{cell} routes")}
+        model, task, part, fmt, args.space, args.K, args.seed, args.random_routes, bs)), desc=f"{cell} routes")}
     for T, p in samples.items():
         tables[f"T{T:g}"] = cli.resume(RunStore(root / f"T{T:g}", p), "records", qs, args.chunk, lambda part, T=T: (
-            records(part, probes.sample(model, task, part, args.fmt, K=args.K, temperature=T, seed=args.seed,
+            records(part, probes.sample(model, task, part, fmt, K=args.K, temperature=T, seed=args.seed,
                                         batch_size=bs, keep_hidden=True))), desc=f"{cell} samples at T={T:g}")
     return [deploy, routes, *samples.values()], store, tables
 
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     cli.setup(args)
     say, started = cli.say("selection"), time.time()
     tasks = {t: get_task(t) for t in args.tasks}
+    cli.check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
     recoveries, sweeps, protocols = [], [], []
@@ -101,15 +103,18 @@ def main(argv=None) -> int:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
         runs = {t: run_cell(model, label, task, questions[t], args) for t, task in tasks.items()}
         router = LearnedRouter(model, {t: RouterCell(tasks[t], questions[t], analysis.found_in(r["routes"]),
-                                                     known_candidates(r["routes"].candidates, r["routes"].question_id))
-                                       for t, (_, _, r) in runs.items()}, args.fmt, args.seed, args.batch_size)
+                                                     known_candidates(r["routes"].candidates, r["routes"].question_id),
+                                                     ps[0].fmt)
+                                       for t, (ps, _, r) in runs.items()}, args.seed, args.batch_size)
         for t, (cell_protocols, store, tables) in runs.items():
             routed = cli.resume(store, "router", questions[t], args.chunk,
                                 lambda part, t=t, router=router: router.rows(t, part), desc=f"{label} {t} learned router")
             recoveries.append(analysis.cell_recovery(tables, routed, SELECTORS, args.collapse_threshold)
                               .assign(model=label, task=t))
             sweep = audit.temperature_sweep({T: tables[f"T{T:g}"] for T in temperatures(args)}, seed=args.seed)
-            sweeps.append(sweep.assign(model=label, task=t))
+            options = audit.options_per_question(questions[t])  # None for free-form: no guessing floor
+            sweeps.append(sweep.assign(model=label, task=t, guess_D=audit.guesser_reach(options, 1),
+                                       guess_O=audit.guesser_reach(options, args.K)))
             protocols += cell_protocols
     recovery, sweep = pd.concat(recoveries, ignore_index=True), pd.concat(sweeps, ignore_index=True)
     medians = analysis.recovery_summary(recovery[recovery.probe.isin(["routes", f"T{args.T:g}"])])

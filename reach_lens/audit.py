@@ -8,6 +8,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -173,6 +174,27 @@ def gap_table_row(summary: Mapping) -> dict:
     return {"n": int(summary["n"]), "K": int(summary["K"]),
             **{f"{name}{s}": summary[f"{key}{s}"] for name, key in GAP_COLUMNS for s in ("", "_lo", "_hi")},
             "format_failure_rate": summary["format_failure_rate"]}
+
+
+def guesser_reach(option_counts: Sequence[int] | None, k: int | Sequence[int]) -> float | np.ndarray:
+    """How often a uniform guesser over each question's options names the gold one at least once in k tries,
+    ``1 - (1 - 1/m)^k`` averaged over the questions (m options each), for one k or each of several; NaN for
+    free-form questions (``option_counts`` None or empty: no floor)."""
+    ks = np.atleast_1d(np.asarray(k, dtype=np.float64))
+    if not option_counts:
+        out = np.full(len(ks), np.nan)
+    else:
+        m = np.asarray(option_counts, dtype=np.float64)
+        if (m < 2).any() or (ks < 1).any():
+            raise ValueError(f"option counts {list(option_counts)[:5]}... and k={k}: expected >= 2 options and k >= 1")
+        out = (1 - (1 - 1 / m[None, :]) ** ks[:, None]).mean(axis=1)
+    return float(out[0]) if np.ndim(k) == 0 else out
+
+
+def options_per_question(questions: Sequence[Any]) -> list[int] | None:
+    """Each question's number of options, or None when they are free-form (no guessing floor)."""
+    counts = [len(q.options) for q in questions]
+    return counts if counts and all(counts) else None
 
 
 def guessing_floor(option_counts: Sequence[int], K: int) -> tuple[float, float]:

@@ -169,9 +169,35 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
     g.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the embedded data)")
     g.add_argument("--split", default=None, help="split of the source: test, validation, ... (default: the task's)")
     g.add_argument("--n", type=positive_int, default=n, help=f"questions per task (default {n})")
-    g.add_argument("--fmt", default="native", choices=("native", "shared"), help="prompt format (default native)")
+    g.add_argument("--fmt", default="auto", choices=FORMATS,
+                   help="prompt format: auto (default: each task's own, the few-shot text for short-answer tasks and "
+                        "the chat template for the others, plain text for a model without one), native (the chat "
+                        "template), shared (plain zero-shot text), fewshot (fixed worked shots first; short-answer "
+                        "tasks and gsm8k)")
     g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
     return p
+
+
+FORMATS = ("auto", "native", "shared", "fewshot")
+
+
+def check_formats(fmt: str, tasks: Sequence) -> None:
+    """Refuse ``--fmt`` for a task that has no such format (before any model loads; ``auto`` fits every task)."""
+    for task in tasks:
+        if fmt != "auto" and fmt not in task.formats:
+            raise UserError(f"--fmt {fmt}: task {task.name!r} has the formats {', '.join(task.formats)} (or auto)")
+
+
+def cell_format(fmt: str, task, model, routes: bool = False) -> str:
+    """The format a cell runs: ``fmt``, or for ``auto`` the task's default for this model's tokenizer
+    (``Task.resolve_format``). ``model`` is a HookedTransformer or an engine; the result enters the protocol.
+    ``routes``: the cell evaluates layer routes, and each route recomputes the whole prompt from its first edit
+    on, so ``auto`` never picks ``fewshot`` there (the zero-shot ``shared`` text instead: a few-shot block would
+    be paid again for every route)."""
+    from reach_lens.generate import engine_for
+
+    chosen = task.resolve_format(fmt, engine_for(model).tokenizer)
+    return "shared" if routes and fmt == "auto" and chosen == "fewshot" else chosen
 
 
 def resolve_device(name: str) -> str:

@@ -53,12 +53,25 @@ def _bars(ax: Axes, x, df: pd.DataFrame, name: str, label: str, color: str | Non
     ax.errorbar(x, y, yerr=err, marker=marker, ms=4, capsize=3, label=label, color=color)
 
 
+GUESSER = "uniform guesser"  # the label of every guessing-floor line (figure tests find floors by it)
+
+
+def _guesser_curve(ax: Axes, df: pd.DataFrame, k: str = "k", color: str = "gray") -> None:
+    """The uniform guesser's reach@k (column ``guess``) as a dotted floor, when the table has a finite one."""
+    if "guess" not in df.columns:
+        return
+    g = df.drop_duplicates(k).sort_values(k)
+    if np.isfinite(g["guess"].to_numpy(dtype=float)).any():
+        ax.plot(g[k], g["guess"], color=color, ls=":", lw=1.3, label=f"{GUESSER}: 1-(1-1/m)^k")
+
+
 def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str, title: str, deployed: float | None = None,
                      vote: float | None = None) -> Path:
     """reach@k vs k (log x) with its bootstrap band, from `audit.reach_curve` (k, reach, lo, hi, n, K).
 
     An optional `series` column draws one curve per series (e.g. random routes vs MCTS). `deployed` (D) is
-    drawn as a horizontal line, `vote` (vote@K) as a marker at k = K.
+    drawn as a horizontal line, `vote` (vote@K) as a marker at k = K. A `guess` column (multiple choice: the
+    uniform guesser's 1 - (1 - 1/m)^k, `audit.guesser_reach`; NaN for free-form answers) is drawn as the floor.
     """
     _require(curve_df, ("k", "reach", "lo", "hi", "n", "K"), "reach curve")
     fig = Figure(figsize=(6, 4.2))
@@ -68,6 +81,7 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str, title: str, deplo
         line, = ax.plot(g["k"], g["reach"], marker="o", ms=3, label=str(name))
         ax.fill_between(g["k"], g["lo"], g["hi"], color=line.get_color(), alpha=0.2, lw=0)
     K = int(curve_df["K"].max())
+    _guesser_curve(ax, curve_df)
     if deployed is not None:
         ax.axhline(deployed, color="black", ls="--", lw=1, label=f"deployed D = {deployed:.3f}")
     if vote is not None:
@@ -86,7 +100,9 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str, title: str, deplo
 def plot_temperature_gap(df: pd.DataFrame, path: Path | str, title: str = "Selection gap vs temperature") -> Path:
     """Left: deployed D, vote@K and oracle O_K vs T (Wilson bands); right: selection gap O_K - vote@K vs T (paired bootstrap band).
 
-    Rows are `{"T": T, **audit.summarize(records)}`.
+    Rows are `{"T": T, **audit.summarize(records)}`; with multiple choice, columns `guess_O` (the uniform
+    guesser's O_K) and `guess_D` (its 1/m) draw the floors: O_K on the left, O_K - 1/m (the gap a guesser's
+    vote leaves) on the right.
     """
     need = ("T", "n", "K", *(f"{m}{s}" for m in ("D", "vote", "O", "selection_gap") for s in ("", "_lo", "_hi")))
     _require(df, need, "temperature gap")
@@ -100,6 +116,11 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str, title: str = "Selec
     ax1.set_ylabel("share of questions correct")
     ax1.set_ylim(0, 1.02)
     _band(ax2, df["T"], df, "selection_gap", f"O_{K} - vote@{K}", "tab:purple")
+    if "guess_O" in df.columns and np.isfinite(float(df["guess_O"].iloc[0])):
+        floor, per_option = float(df["guess_O"].iloc[0]), float(df["guess_D"].iloc[0])
+        ax1.axhline(floor, color="gray", ls=":", lw=1.3, label=f"{GUESSER}'s O_{K} = {floor:.1%}")
+        ax2.axhline(floor - per_option, color="gray", ls=":", lw=1.3,
+                    label=f"{GUESSER}'s O_{K} - 1/m = {floor - per_option:.1%}")
     ax2.axhline(0, color="black", lw=0.8)
     ax2.set_ylabel("selection gap (share of questions)")
     for ax in (ax1, ax2):
@@ -276,12 +297,16 @@ SERIES_COLORS = {"random": "tab:blue", "mcts": "tab:red", "hill_climb": "tab:gre
                  "random vote": "tab:orange"}
 
 
+MIN_BAND_N = 10  # questions below which a cell's bootstrap bands are not drawn
+
+
 def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Path:
     """Oracle o(k) per search method and the random-route vote@k vs k (log x), one panel per model x task, in
-    one action space, with bootstrap bands and the deployed D; a format-collapsed cell says so in its title.
+    one action space, with bootstrap bands (cells of at least ``MIN_BAND_N`` questions) and the deployed D; a format-collapsed cell says so in its title.
 
     Columns (`analysis.analyse`'s ``oracle_curves``): model, task, space, series, k, value, lo, hi, n, K, D,
-    collapsed, format_failure_rate.
+    collapsed, format_failure_rate; an optional ``guess`` column (multiple choice: the uniform guesser's
+    1 - (1 - 1/m)^k; NaN for free-form) is drawn as each panel's floor.
     """
     _require(curves, ("model", "task", "space", "series", "k", "value", "lo", "hi", "n", "K", "D", "collapsed",
                       "format_failure_rate"), "oracle curves")
@@ -299,8 +324,10 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
                 color = SERIES_COLORS.get(name)
                 ax.plot(g.k, g.value, ls="--" if name == "random vote" else "-", color=color, label=name, lw=1.4,
                         drawstyle="steps-post")
-                ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
+                if int(cell.n.iloc[0]) >= MIN_BAND_N:  # a bootstrap over a handful of questions says nothing
+                    ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
             ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D")
+            _guesser_curve(ax, cell)
             flag = f", format collapse ({cell.format_failure_rate.iloc[0]:.0%})" if cell.collapsed.iloc[0] else ""
             broken = (f"\nno answer from {cell.random_format_failure_rate.iloc[0]:.0%} of random routes"
                       if "random_format_failure_rate" in cell else "")
@@ -314,8 +341,9 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
             if j == 0:
                 ax.set_ylabel("share of questions with a correct route")
     axes[0, 0].legend(fontsize=7, loc="upper left")
+    bands = "95% bootstrap bands" + ("" if int(c.n.min()) >= MIN_BAND_N else f" where n >= {MIN_BAND_N}")
     fig.suptitle(f"Oracle o(k) over routes, action space '{space}' (n = {_n(c.n)}, K = {_n(c.K)}; greedy; "
-                 "95% bootstrap bands)", fontsize=10)
+                 f"{bands})", fontsize=10)
     return _save(fig, path)
 
 
@@ -335,6 +363,8 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
         for x, method in enumerate(methods):
             g, color = d[d.method == method], SERIES_COLORS.get(method)
             for xi, row in zip(x + rng.uniform(-0.15, 0.15, len(g)), g.itertuples()):
+                if "diff_lo" in g.columns:
+                    ax.plot([xi, xi], [100 * row.diff_lo, 100 * row.diff_hi], color=color, lw=1, alpha=0.6)
                 ax.plot([xi], [100 * row.diff], marker="o", ms=6, color=color, mfc="none" if row.collapsed else color,
                         ls="none")
             c = counts[(counts.space == space) & (counts.method == method)].iloc[0]
@@ -349,8 +379,9 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
     axes[0].set_ylabel("O_random(K) - O_structured(K), pp")
     fig.suptitle(f"{title[:1].upper() + title[1:]} minus structured search, one dot per model x task cell "
                  f"(n = {_n(diffs.n)} questions per "
-                 f"cell, K = {_n(diffs.K)})\nabove each method: cells where random is better / tie / structured "
-                 "is better (clean cells); hollow = format collapse", fontsize=8,
+                 f"cell, K = {_n(diffs.K)}; lines: paired 95% intervals)\nabove each method: clean cells where "
+                 "random is better / tie / structured is better (better: the interval excludes 0); hollow = format "
+                 "collapse", fontsize=8,
                  y=1.14 if "random_format_failure_rate" in diffs else 1.08)
     return _save(fig, path)
 
@@ -395,7 +426,9 @@ def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Pa
 def plot_selection_gap(sweep: pd.DataFrame, path: Path | str) -> Path:
     """Oracle - majority vote vs temperature, one line with its paired-bootstrap band per model x task cell.
 
-    Columns: model, task, T, n, K, selection_gap, selection_gap_lo, selection_gap_hi (rows of `audit.summarize`).
+    Columns: model, task, T, n, K, selection_gap, selection_gap_lo, selection_gap_hi (rows of `audit.summarize`);
+    with ``guess_O`` and ``guess_D`` (multiple choice), each cell's floor O_K - 1/m, the gap a uniform guesser's
+    vote leaves, is a dotted line in its color.
     """
     _require(sweep, ("model", "task", "T", "n", "K", "selection_gap", "selection_gap_lo", "selection_gap_hi"),
              "selection gap")
@@ -405,6 +438,10 @@ def plot_selection_gap(sweep: pd.DataFrame, path: Path | str) -> Path:
         g = g.sort_values("T")
         line, = ax.plot(g["T"], g.selection_gap, marker="o", ms=4, label=f"{model} / {task} (n={_n(g.n)})")
         ax.fill_between(g["T"], g.selection_gap_lo, g.selection_gap_hi, color=line.get_color(), alpha=0.12, lw=0)
+        if "guess_O" in g.columns and np.isfinite(float(g["guess_O"].iloc[0])):
+            floor = float(g["guess_O"].iloc[0]) - float(g["guess_D"].iloc[0])
+            ax.axhline(floor, color=line.get_color(), ls=":", lw=1.2,
+                       label=f"{GUESSER} on {task}: O_K - 1/m = {floor:.1%}")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("sampling temperature T")
     ax.set_ylabel("O_K - majority vote@K (share of questions)")

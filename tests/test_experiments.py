@@ -299,7 +299,7 @@ def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(ti
     row = t1.loc["arc_easy"]
     assert row["D"] == pytest.approx(np.mean(D))
     assert row["random_oracle@6_pp"] == pytest.approx(100 * (np.mean(rand) - np.mean(D)))
-    assert row["mcts_oracle@4_pp"] == pytest.approx(100 * (np.mean(mcts) - np.mean(D)))
+    assert row["mcts_oracle@4_routes_pp"] == pytest.approx(100 * (np.mean(mcts) - np.mean(D)))
     assert row["random_vote@3_pp"] == pytest.approx(100 * (np.mean(vote) - np.mean(D)))
     assert row["learned_router_pp"] == pytest.approx(100 * (router.correct.mean() - np.mean(D)))
     curves = pd.read_csv(out / "oracle_curves_geometric.csv")

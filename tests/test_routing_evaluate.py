@@ -1,6 +1,7 @@
 """Graded route candidates (RouteEvaluator), the rows the routing and selection studies store (search_rows,
 random_route_candidates, router_rows, LearnedRouter) on a tiny model, and the routing analysis's arithmetic."""
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import make_tiny_model
 
@@ -151,8 +152,9 @@ def test_learned_router_fits_once_and_only_when_asked(char_model, questions, mon
 
     monkeypatch.setattr(evaluate, "cross_fit_router", counting)
     found = {q.id: [((0, 1, 2, 3), 1.0), ((0, 2, 3), float(i % 2))] for i, q in enumerate(questions)}
-    router = LearnedRouter(char_model, {"a": RouterCell(arc, questions[:2], {k: found[k] for k in ("q1", "q2")}, {}),
-                                        "b": RouterCell(arc, questions[2:], {"q3": found["q3"]}, {})}, "shared")
+    router = LearnedRouter(char_model, {
+        "a": RouterCell(arc, questions[:2], {k: found[k] for k in ("q1", "q2")}, {}, "shared"),
+        "b": RouterCell(arc, questions[2:], {"q3": found["q3"]}, {}, "shared")})
     assert fits == []
     rows = router.rows("a", questions[:1]) + router.rows("a", questions[1:2]) + router.rows("b", questions[2:])
     assert fits == [1] and [r["question_id"] for r in rows] == ["q1", "q2", "q3"]
@@ -198,11 +200,12 @@ def test_routing_analysis_oracle_vote_and_differences():
     diff = tables["random_minus_structured"].iloc[0]
     assert diff["diff"] == 0.5 and not diff["collapsed"]
     counts = tables["direction_counts"].iloc[0]
-    assert (counts.random_better, counts.tie, counts.structured_better) == (1, 0, 0)
+    assert diff["diff_lo"] == 0.0  # two questions, per-question differences 1 and 0: the interval touches 0
+    assert (counts.random_better, counts.tie, counts.structured_better) == (0, 1, 0)
     t1 = tables["table1"].set_index("task")
     row = t1.loc["arc_easy"]
     assert row["learned_router_pp"] == 50.0 and row["random_oracle@4_pp"] == 50.0
-    assert row["mcts_oracle@2_pp"] == 0.0 and row["random_vote@2_pp"] == 0.0
+    assert row["mcts_oracle@2_routes_pp"] == 0.0 and row["random_vote@2_pp"] == 0.0
     assert list(t1.index) == ["arc_easy", analysis.POOLED] and analysis.POOLED == "all questions pooled"
     curves = tables["oracle_curves"]
     random_curve = curves[curves.series == "random"]
@@ -219,6 +222,16 @@ def test_routing_analysis_oracle_vote_and_differences():
     assert not row.collapsed and row.random_format_failure_rate == 0.95 and row.format_failure_rate == 0.25
     c = collapsed["direction_counts"].iloc[0]
     assert (c.clean_cells, c.collapsed_cells, c.random_better) == (0, 1, 0)
+
+
+def test_a_direction_needs_a_paired_interval_that_excludes_zero():
+    rows = [(0.30, 0.10, 0.50), (0.30, -0.05, 0.60), (-0.20, -0.35, -0.02), (0.0, 0.0, 0.0), (0.10, 0.0, 0.2)]
+    diffs = pd.DataFrame([{"space": "skip", "method": "mcts", "diff": d, "diff_lo": lo, "diff_hi": hi,
+                           "collapsed": False} for d, lo, hi in rows])
+    assert [analysis.direction(r) for _, r in diffs.iterrows()] == [
+        "random_better", "tie", "structured_better", "tie", "tie"]
+    c = analysis.direction_counts(diffs).iloc[0]
+    assert (c.random_better, c.tie, c.structured_better, c.clean_cells) == (1, 3, 1, 5)
 
 
 def test_table1_pools_every_question_of_a_model():

@@ -150,14 +150,28 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             "table1": table1(cells, table1_space(spaces), methods, K, vote_k, mcts_k, random_method)}
 
 
+def direction(row) -> str:
+    """A cell's direction: ``"random_better"`` or ``"structured_better"`` only when the paired 95% interval of
+    O_random(K) - O_structured(K) (``diff_lo``, ``diff_hi``) excludes 0, else ``"tie"`` (an interval touching or
+    straddling 0, as every interval of a handful of questions does)."""
+    if row["diff_lo"] > TIE:
+        return "random_better"
+    if row["diff_hi"] < -TIE:
+        return "structured_better"
+    return "tie"
+
+
 def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
-    """Per (space, method): clean cells where random is better / tied / worse, collapsed cells, median difference."""
+    """Per (space, method): clean cells where random is better / tied / worse (``direction``: by the paired
+    interval, not the sign of the mean), collapsed cells, median difference."""
     rows = []
     for (space, method), g in (diffs.groupby(["space", "method"]) if len(diffs) else []):
         clean = g[~g.collapsed.astype(bool)]
+        ways = clean.apply(direction, axis=1) if len(clean) else pd.Series([], dtype=str)
         rows.append({"space": space, "method": method, "clean_cells": len(clean),
-                     "random_better": int((clean["diff"] > TIE).sum()), "tie": int((clean["diff"].abs() <= TIE).sum()),
-                     "structured_better": int((clean["diff"] < -TIE).sum()), "collapsed_cells": int(g.collapsed.sum()),
+                     "random_better": int((ways == "random_better").sum()), "tie": int((ways == "tie").sum()),
+                     "structured_better": int((ways == "structured_better").sum()),
+                     "collapsed_cells": int(g.collapsed.sum()),
                      "median_diff_clean": float(clean["diff"].median()) if len(clean) else float("nan")})
     return pd.DataFrame(rows, columns=["space", "method", "clean_cells", "random_better", "tie", "structured_better",
                                        "collapsed_cells", "median_diff_clean"])
@@ -166,8 +180,9 @@ def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
 def table1(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[str], K: int, vote_k: int,
            mcts_k: int, random_method: str = RANDOM) -> pd.DataFrame:
     """Percentage points over the unmodified model, per (model, task) and over all of a model's questions pooled
-    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle@mcts_k, random oracle@K (the random
-    columns from ``random_method``'s routes)."""
+    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle over its first mcts_k distinct routes (the
+    paper's "MCTS oracle@50 simulations": a simulation here is one distinct route evaluated), random oracle@K
+    (the random columns from ``random_method``'s routes)."""
     vote_k, mcts_k = min(vote_k, K), min(mcts_k, K)
     rows = []
     for model in dict.fromkeys(m for m, _ in cells):
@@ -181,7 +196,7 @@ def table1(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[
             D = v["D"]
             rows.append({"model": model, "task": task, "space": space, "n": len(D), "D": float(D.mean()),
                          "learned_router_pp": _pp(v["router"], D), f"random_vote@{vote_k}_pp": _pp(v["vote"], D),
-                         f"mcts_oracle@{mcts_k}_pp": _pp(v["mcts"], D), f"random_oracle@{K}_pp": _pp(v["random"], D)})
+                         f"mcts_oracle@{mcts_k}_routes_pp": _pp(v["mcts"], D), f"random_oracle@{K}_pp": _pp(v["random"], D)})
     return pd.DataFrame(rows)
 
 

@@ -127,16 +127,16 @@ def random_route_candidates(model: HookedTransformer, task: Task, questions: Seq
     return [[ev.candidate(i, r) for r in t.routes] for i, t in enumerate(traces)]
 
 
-def router_routes(model: HookedTransformer, cells: Mapping[Hashable, tuple[Task, Sequence[Question]]],
-                  found: Mapping[Hashable, Mapping[str, Sequence[tuple[Path, float]]]], fmt: str,
+def router_routes(model: HookedTransformer, cells: Mapping[Hashable, tuple[Task, Sequence[Question], str]],
+                  found: Mapping[Hashable, Mapping[str, Sequence[tuple[Path, float]]]],
                   seed: int = 0) -> dict[Hashable, dict[str, Path]]:
-    """The learned router's route of every question of every cell (`cells[key] = (task, questions)`),
+    """The learned router's route of every question of every cell (`cells[key] = (task, questions, fmt)`),
     cross-fitted over the questions of all cells pooled (`cross_fit_router`) and trained on the (route,
     reward) pairs searched on the other folds' questions (`found[key][question id]`)."""
     predicted = cross_fit_router(
-        model, {key: (prompt_ids(model, task, qs, fmt), [q.id for q in qs]) for key, (task, qs) in cells.items()},
+        model, {key: (prompt_ids(model, task, qs, fmt), [q.id for q in qs]) for key, (task, qs, fmt) in cells.items()},
         {(key, qid): pairs for key, per_q in found.items() for qid, pairs in per_q.items()}, seed=seed)
-    return {key: {q.id: predicted[(key, q.id)] for q in qs} for key, (_, qs) in cells.items()}
+    return {key: {q.id: predicted[(key, q.id)] for q in qs} for key, (_, qs, _) in cells.items()}
 
 
 ROUTER_COLUMNS = ("question_id", "route", "answer", "correct", "generated")
@@ -173,33 +173,35 @@ def known_candidates(candidates: Iterable[Sequence[Mapping]], question_ids: Iter
 @dataclass
 class RouterCell:
     """One cell (e.g. a task) of a `LearnedRouter`: its questions, the (route, reward) pairs searched on each
-    (training data, by question id) and the candidates already generated (`known_candidates`)."""
+    (training data, by question id), the candidates already generated (`known_candidates`) and the prompt
+    format they were generated in."""
 
     task: Task
     questions: Sequence[Question]
     found: Mapping[str, Sequence[tuple[Path, float]]]
     known: Mapping[tuple[str, Path], Mapping]
+    fmt: str
 
 
 class LearnedRouter:
     """`router_rows` of the questions of several cells, from one cross-fitted router over all of them
     (`router_routes`), fitted once, on the first call of `rows` (a rerun that finds every row stored fits nothing).
 
-        router = LearnedRouter(model, {"arc_easy": RouterCell(task, questions, found, known)}, "native")
+        router = LearnedRouter(model, {"arc_easy": RouterCell(task, questions, found, known, "native")})
         rows = router.rows("arc_easy", questions[:5])
     """
 
-    def __init__(self, model: HookedTransformer, cells: Mapping[Hashable, RouterCell], fmt: str, seed: int = 0,
+    def __init__(self, model: HookedTransformer, cells: Mapping[Hashable, RouterCell], seed: int = 0,
                  batch_size: int = 16):
-        self.model, self.cells, self.fmt, self.seed, self.batch_size = model, dict(cells), fmt, seed, batch_size
+        self.model, self.cells, self.seed, self.batch_size = model, dict(cells), seed, batch_size
         self._routes: dict[Hashable, dict[str, Path]] | None = None
 
     def routes(self) -> dict[Hashable, dict[str, Path]]:
         if self._routes is None:
-            self._routes = router_routes(self.model, {k: (c.task, c.questions) for k, c in self.cells.items()},
-                                         {k: c.found for k, c in self.cells.items()}, self.fmt, seed=self.seed)
+            self._routes = router_routes(self.model, {k: (c.task, c.questions, c.fmt) for k, c in self.cells.items()},
+                                         {k: c.found for k, c in self.cells.items()}, seed=self.seed)
         return self._routes
 
     def rows(self, key: Hashable, questions: Sequence[Question]) -> list[dict]:
         cell = self.cells[key]
-        return router_rows(self.model, cell.task, questions, self.fmt, self.routes()[key], cell.known, self.batch_size)
+        return router_rows(self.model, cell.task, questions, cell.fmt, self.routes()[key], cell.known, self.batch_size)
