@@ -56,9 +56,11 @@ class Entry(TransformerLensKeyValueCacheEntry):
 
     @classmethod
     def empty(cls, model: HookedTransformer, batch: int, capacity: int, device: torch.device | str) -> Entry:
+        """Buffers with no columns filled. Their memory is not initialized: a column is read only after it is
+        written (``append``, ``DecodeCache.write_row`` and ``gather`` write every column a row can see)."""
         cfg = model.cfg
         shape = (batch, cfg.n_key_value_heads or cfg.n_heads, capacity, cfg.d_head)
-        return cls(torch.zeros(shape, dtype=cfg.dtype, device=device), torch.zeros(shape, dtype=cfg.dtype, device=device), 0)
+        return cls(torch.empty(shape, dtype=cfg.dtype, device=device), torch.empty(shape, dtype=cfg.dtype, device=device), 0)
 
     @property
     def past_keys(self) -> Float[Tensor, "batch pos kv_head d_head"]:  # type: ignore[override]
@@ -129,11 +131,12 @@ class DecodeCache(TransformerLensKeyValueCache):
         out = DecodeCache(entries=[], previous_attention_mask=self.previous_attention_mask[:0])
         keep = min(width, self.width)
         for src in self.entries:
-            dst = Entry(src.keys.new_zeros((len(rows), *src.keys.shape[1:2], capacity, src.keys.shape[3])),
-                        src.values.new_zeros((len(rows), *src.values.shape[1:2], capacity, src.values.shape[3])), 0)
+            dst = Entry(src.keys.new_empty((len(rows), *src.keys.shape[1:2], capacity, src.keys.shape[3])),
+                        src.values.new_empty((len(rows), *src.values.shape[1:2], capacity, src.values.shape[3])), 0)
             index = torch.tensor(rows, dtype=torch.long, device=src.keys.device)
-            dst.keys[:, :, width - keep : width] = src.keys[index, :, src.length - keep : src.length]
-            dst.values[:, :, width - keep : width] = src.values[index, :, src.length - keep : src.length]
+            for new, old in ((dst.keys, src.keys), (dst.values, src.values)):
+                new[:, :, : width - keep] = 0  # masked padding: read (as zeros) by attention, so defined
+                new[:, :, width - keep : width] = old[index, :, src.length - keep : src.length]
             out.entries.append(dst)
         out.set_width(width, lengths)
         return out

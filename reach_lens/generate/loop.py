@@ -187,7 +187,10 @@ class DecodeLoop:
             return False
         self.schedule = schedule([self.rows[r].route for r, _ in started])
         self.devices = [block_device(self.model, layer) for layer in self.schedule]
-        width = max(len(self.rows[r].request.prompt) for r, _ in started)
+        # room for the prompts of the rows that may fill this batch's slots soon, so that starting one of them
+        # does not rebuild the cache (prompts of one task differ by a few tokens; a rebuild copies every slot)
+        soon = [len(self.rows[r].request.prompt) for r in self.waiting[: FIT_WINDOW * self.batch_size]]
+        width = max([len(self.rows[r].request.prompt) for r, _ in started] + soon)
         self.slots = [r for r, _ in started]
         self.cache = DecodeCache.allocate(self.model, self.devices, len(started), width + self.capacity_extra)
         self.lengths = torch.tensor([len(self.rows[r].request.prompt) for r in self.slots], dtype=torch.long, device=CPU)
