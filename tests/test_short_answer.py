@@ -36,6 +36,10 @@ def test_only_the_first_line_counts():
     assert first_line("  Denver Broncos\n\nTitle: Super_Bowl_50\nBackground: ...") == "Denver Broncos"
     assert first_line("\n\n Answer: Paris\nGermany") == "Paris"
     assert first_line("") == ""
+    # a chat model's answer label is not part of the answer; words that merely start like one are
+    assert first_line("The answer to the question is Newcastle.") == "Newcastle."
+    assert first_line("The answer is: 1130\nbecause ...") == "1130"
+    assert first_line("The Answer") == "The Answer" and first_line("Answering machines") == "Answering machines"
 
 
 def test_squad_rows_aliases_numbers_and_longer_generations(squad):

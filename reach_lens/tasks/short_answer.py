@@ -4,7 +4,8 @@ against every gold alias, token F1, and the ``ShortAnswerTask`` base with its th
 Grader ``short_answer_em/1`` (``GRADER``):
 
 - **extraction**: only the first line counts. The completion is stripped, cut at its first line break, and a
-  leading ``Answer:`` label (which a model may repeat after a prompt ending in one) is dropped. An empty
+  leading answer label is dropped: ``Answer:`` (which a model may repeat after a prompt ending in one) and a
+  chat model's ``The answer is:`` / ``The answer to the question is``. An empty
   line is a format failure (answer None), and so is a line that normalizes to nothing (``"..."``, ``"The"``).
 - **normalization** (SQuAD's official script, as lm-evaluation-harness's ``triviaqa`` and ``nq_open`` tasks
   apply it): lower-case, punctuation removed, the articles ``a``/``an``/``the`` removed, whitespace collapsed.
@@ -39,7 +40,8 @@ MAX_NEW_TOKENS = 32  # a short answer and its line break; OLMES allows 50, exact
 STOP_STRINGS = ("\n",)  # only the first line is graded, so nothing after it is generated
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
-_LABEL = re.compile(r"^\s*answer\s*:\s*", re.IGNORECASE)
+_LABEL = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\b(?:\s+to\s+(?:the|this)\s+question)?\s*(?:is\b\s*:?|:)\s*",
+                    re.IGNORECASE)  # "Answer:", "The answer is:", "The answer to the question is"
 
 
 def normalize_answer(text: str) -> str:
@@ -50,7 +52,7 @@ def normalize_answer(text: str) -> str:
 
 
 def first_line(completion: str) -> str:
-    """The graded part of a completion: its first non-blank line, stripped, without a leading ``Answer:``."""
+    """The graded part of a completion: its first non-blank line, stripped, without a leading answer label."""
     stripped = completion.strip()
     return _LABEL.sub("", stripped.split("\n", 1)[0]).strip()
 
