@@ -82,7 +82,9 @@ def test_squad_formats_and_the_fixed_olmes_shots(squad):
     assert task.prompt(q, "shared", None) == shots[: shots.index("Title:")] + task.query(q)  # zero-shot
     native = task.prompt(q, "native", ChatTokenizer())
     assert native.startswith("<|user|>\nTitle: Harvard_University\nBackground:") and "shortest segment" in native
-    assert task.stop_strings("fewshot") == ("\n",) and task.max_new_tokens("fewshot") == 32
+    assert task.stop_strings("fewshot") == ("Title:", "\n\n") and task.max_new_tokens("fewshot") == 32
+    for request in requests[:5]:  # OLMES's stop sequences, not a bare line break (a zero-shot answer may start so)
+        assert set(task.stop_strings("shared")) == set(request["request"]["stop_sequences"])
     spec = task.prompt_spec("fewshot")
     assert spec.startswith("squad:fewshot/1:OLMES:squad:sha256=") and task.prompt_spec("shared") == "squad:shared/1"
     with pytest.raises(ValueError, match="unknown prompt format 'cot'"):
@@ -130,6 +132,7 @@ def test_nq_open_and_jeopardy_follow_olmes():
         assert len(questions) == count
         requests = sources.embedded_requests(key)
         assert all(task.prompt(q, "fewshot", None) == r["request"]["context"] for q, r in zip(questions, requests))
+        assert set(task.stop_strings("fewshot")) == set(requests[0]["request"]["stop_sequences"])
     nq = get_task("nq_open").load()[0]
     assert nq.id == "nq_open-3187" and nq.aliases == ("Justin Timberlake",)
     assert get_task("nq_open").grade(nq, " justin timberlake.").correct

@@ -96,6 +96,7 @@ def _trivia_shots() -> tuple[Question, ...]:
 
 class NQOpenTask(_JsonlTask):
     name = "nq_open"
+    stops = ("Question:", "Q:", "\n\n")
     default_split = "validation"
 
     def default_rows(self, split: str) -> Iterator[Row]:
@@ -126,6 +127,7 @@ _JEOPARDY_QUERY = re.compile(r"^Category: (.*?)\nQuestion: (.*)\nAnswer:$", re.D
 
 class JeopardyTask(_JsonlTask):
     name = "jeopardy"
+    stops = ("\n\n", "Question:", "Category:")
     default_split = "train"  # MosaicML's gauntlet set is one split, named train on the hub
 
     def default_rows(self, split: str) -> Iterator[Row]:

@@ -3,7 +3,8 @@ against every gold alias, token F1, and the ``ShortAnswerTask`` base with its th
 
 Grader ``short_answer_em/1`` (``GRADER``):
 
-- **extraction**: only the first line counts. The completion is stripped, cut at its first line break, and a
+- **extraction**: only the first line counts (generation stops at OLMES's sequences, a blank line or the next
+  question's marker, not at the first line break: a zero-shot answer may begin with one). The completion is stripped, cut at its first line break, and a
   leading answer label is dropped: ``Answer:`` (which a model may repeat after a prompt ending in one) and a
   chat model's ``The answer is:`` / ``The answer to the question is``. An empty
   line is a format failure (answer None), and so is a line that normalizes to nothing (``"..."``, ``"The"``).
@@ -37,7 +38,6 @@ from reach_lens.tasks.base import Graded, Question, Task, chat_prompt
 
 GRADER = "short_answer_em/1"
 MAX_NEW_TOKENS = 32  # a short answer and its line break; OLMES allows 50, exact match never needs them
-STOP_STRINGS = ("\n",)  # only the first line is graded, so nothing after it is generated
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
 _LABEL = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\b(?:\s+to\s+(?:the|this)\s+question)?\s*(?:is\b\s*:?|:)\s*",
@@ -96,6 +96,7 @@ class ShortAnswerTask(Task):
     grader = GRADER
     formats = ("native", "shared", "fewshot")
     default_format = "fewshot"
+    stops: tuple[str, ...] = ("Question:", "\n\n")  # OLMES's: a blank line or the next question ends an answer
     native_instruction = "Answer with a few words only."
     description = ""  # text before the first question in the shared and fewshot formats
 
@@ -131,8 +132,9 @@ class ShortAnswerTask(Task):
         return MAX_NEW_TOKENS
 
     def stop_strings(self, fmt: str) -> tuple[str, ...]:
+        """OLMES's stop sequences: not a single line break, which a zero-shot answer may start with."""
         self.check_format(fmt)
-        return STOP_STRINGS
+        return self.stops
 
     def grade(self, q: Question, completion: str) -> Graded:
         return grade_short_answer(completion, q.aliases or (q.gold,))

@@ -36,6 +36,7 @@ class SquadTask(ShortAnswerTask):
     name = "squad"
     default_split = "validation"
     description = DESCRIPTION
+    stops = ("Title:", "\n\n")
     native_instruction = "Answer with the shortest segment of the background text that answers the question."
 
     def default_rows(self, split: str) -> Iterator[Row]:
