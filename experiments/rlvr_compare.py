@@ -16,7 +16,7 @@ Table 6's K and 2K come from one set of samples.
 Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/{<fmt>,<control fmt>}/; tables
 in its summary-<hash>/ directory, figures there and in --figures):
   table5.csv (n, K, base D/O, trained D/O with Wilson 95%, delta n_reachable with a paired bootstrap interval),
-  fates.csv (Figure 6a), table6_budget.csv, table7_lineage.csv, table8_format.csv, propensity.csv (Figure 7,
+  fates.csv (Figure 6a), table6_budget.csv, table7_lineage.csv, table8_format_transfer.csv, propensity.csv (Figure 7,
   at K and at 2K), summary.md; figures rlvr_fates_*, rlvr_changes_*, rlvr_propensity_*, rlvr_lineage_*.
 With a multiple-choice task every oracle is printed beside the uniform guesser's floor 1 - (1 - 1/m)^K.
 """
@@ -74,14 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="trained checkpoints (default: the default GRPO and SFT recipes, trained when missing)")
     p.add_argument("--no-train", action="store_true", help="refuse to train missing default checkpoints")
     p.add_argument("--control-fmt", default="shared", choices=("native", "shared"),
-                   help="format of the format control (Table 8; default shared)")
+                   help="format of the format-transfer table (Table 8; default shared)")
     p.add_argument("--salt", default="rlvr", help="salt of the train/audit id-hash split")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids on the audit side")
     p.add_argument("--bins", type=float, nargs="+", default=list(audit.HIT_RATE_BINS),
                    help="hit-rate bin edges from 0 to 1 (bins: exactly 0, then (lo, hi])")
     args = p.parse_args(argv)
     if args.control_fmt == args.fmt:
-        p.error(f"--control-fmt {args.control_fmt!r} equals --fmt: the format control needs another format")
+        p.error(f"--control-fmt {args.control_fmt!r} equals --fmt: the format-transfer table needs another format")
     try:
         audit.hit_rate_bin_labels(args.bins)
     except ValueError as e:
@@ -166,13 +166,14 @@ def main(argv=None) -> int:
     run_root = args.out / f"{args.task}-n{len(questions)}-K{args.K}-T{args.T:g}-s{args.seed}"
     native, control, protocols = audit_checkpoints(args, task, questions, settings, {BASE: None, **trained}, run_root)
 
-    m = [len(q.options) for q in questions] if task.kind == "mc" else None
+    m = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
     at_k = {label: records_at(r, args.K) for label, r in native.items()}
     pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
     pairs_2k = {label: (native[BASE], native[label]) for label in trained}
     t5 = tables.table5(pairs_k, m, seed=args.seed)
-    fates = tables.fates_table(pairs_k)
-    prop = pd.concat([tables.propensity(pairs_k, args.bins), tables.propensity(pairs_2k, args.bins)], ignore_index=True)
+    fates = tables.fates_table(pairs_k, seed=args.seed)
+    prop = pd.concat([tables.propensity(pairs_k, args.bins, seed=args.seed),
+                      tables.propensity(pairs_2k, args.bins, seed=args.seed)], ignore_index=True)
     t6 = tables.table6(pairs_2k, args.K, m, seed=args.seed)
     t7 = tables.table7(native, args.K, m)
     t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
         t.insert(1, "T", args.T)
     summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])
     for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
-                    ("table7_lineage", t7), ("table8_format", t8)):
+                    ("table7_lineage", t7), ("table8_format_transfer", t8)):
         t.to_csv(summary / f"{name}.csv", index=False)
     text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER)
     (summary / "summary.md").write_text(text)

@@ -288,8 +288,44 @@ def _hit_rate_edges(bins: Sequence[float]) -> list[float]:
     return edges
 
 
+def independence_baseline(realized: Sequence[bool], groups: Sequence[int], n_groups: int, n_perm: int = 10000,
+                          seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What each group's count of realized questions would be if realization were independent of the grouping:
+    the expected count (total realized x the group's share of questions) and a 95% permutation interval (the
+    realized labels shuffled over the questions ``n_perm`` times). ``realized`` [n] and ``groups`` [n] (ints in
+    0..n_groups-1) describe the same questions. Returns (expected, lo, hi), each [n_groups]."""
+    realized, groups = np.asarray(realized, dtype=bool), np.asarray(groups, dtype=np.int64)
+    if realized.shape != groups.shape or realized.ndim != 1:
+        raise ValueError(f"realized {realized.shape} and groups {groups.shape} must be equal 1-d shapes")
+    if len(groups) and not (0 <= groups.min() and groups.max() < n_groups):
+        raise ValueError(f"groups {sorted(set(groups.tolist()))[:10]} out of range 0..{n_groups - 1}")
+    sizes = np.bincount(groups, minlength=n_groups)
+    if len(groups) == 0:
+        empty = np.zeros(n_groups)
+        return empty, empty, empty
+    expected = realized.sum() * sizes / len(groups)
+    rng = np.random.default_rng(seed)
+    shuffled = np.stack([rng.permutation(realized) for _ in range(n_perm)])  # [n_perm, n]
+    counts = np.stack([shuffled[:, groups == g].sum(axis=1) for g in range(n_groups)], axis=1)  # [n_perm, groups]
+    lo, hi = np.quantile(counts, [0.025, 0.975], axis=0)
+    return expected, lo, hi
+
+
+def gains_under_independence(fates_df: pd.DataFrame, n_perm: int = 10000, seed: int = 0) -> dict:
+    """Of the questions the base does not realize, the gains (newly realized) that would come from base-reachable
+    ones if gaining were independent of base reachability: ``expected`` and its 95% permutation interval
+    (``lo``, ``hi``), beside the ``observed`` count, from a `fates` table."""
+    unrealized = fates_df[~fates_df["d_base"].astype(bool)]
+    gained = unrealized["d_trained"].astype(bool).to_numpy()
+    reachable = unrealized["o_base"].astype(bool).to_numpy().astype(np.int64)
+    expected, lo, hi = independence_baseline(gained, reachable, 2, n_perm, seed)
+    return {"observed": int((gained & reachable.astype(bool)).sum()), "expected": float(expected[1]),
+            "lo": float(lo[1]), "hi": float(hi[1])}
+
+
 def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
-                                bins: Sequence[float] = HIT_RATE_BINS) -> pd.DataFrame:
+                                bins: Sequence[float] = HIT_RATE_BINS, n_perm: int = 10000,
+                                seed: int = 0) -> pd.DataFrame:
     """Propensity (the paper's Figure 7): among questions the base does NOT realize, the share the trained
     checkpoint realizes, by the base hit rate hits/K, with Wilson 95% intervals.
 
@@ -297,7 +333,9 @@ def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
     (default 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%]); every bin but the first holds base-reachable,
     base-unrealized questions. Questions the base already realizes are in no bin. An empty bin is a row with
     n = 0 and realization NaN (never dropped). Columns: bin, bin_lo, bin_hi, base_reachable, n, realized,
-    realization, realization_lo, realization_hi.
+    realization, realization_lo, realization_hi, and the chance baseline: expected_realized (the bin's count
+    if realization were independent of the base hit rate) with its 95% permutation interval (expected_lo,
+    expected_hi; ``independence_baseline``).
     """
     edges = _hit_rate_edges(bins)
     j = fates(base, trained)
@@ -305,13 +343,17 @@ def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
     rate = j["hits_base"].to_numpy(dtype=np.float64) / j["K_base"].to_numpy(dtype=np.float64)
     realized = j["d_trained"].astype(bool).to_numpy()
     masks = [rate == 0] + [(rate > lo) & (rate <= hi) for lo, hi in zip(edges, edges[1:])]
+    groups = np.argmax(np.stack(masks), axis=0) if len(rate) else np.zeros(0, dtype=np.int64)
+    expected, expected_lo, expected_hi = independence_baseline(realized, groups, len(masks), n_perm, seed)
     rows = []
-    for label, lo, hi, mask in zip(hit_rate_bin_labels(edges), [0.0, *edges[:-1]], [0.0, *edges[1:]], masks):
+    for b, (label, lo, hi, mask) in enumerate(zip(hit_rate_bin_labels(edges), [0.0, *edges[:-1]],
+                                                  [0.0, *edges[1:]], masks)):
         n, k = int(mask.sum()), int(realized[mask].sum())
         ci = wilson_interval(k, n)
         rows.append({"bin": label, "bin_lo": lo, "bin_hi": hi, "base_reachable": label != "0", "n": n,
                      "realized": k, "realization": k / n if n else math.nan,
-                     "realization_lo": ci[0], "realization_hi": ci[1]})
+                     "realization_lo": ci[0], "realization_hi": ci[1], "expected_realized": float(expected[b]),
+                     "expected_lo": float(expected_lo[b]), "expected_hi": float(expected_hi[b])})
     return pd.DataFrame(rows)
 
 

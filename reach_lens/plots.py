@@ -518,7 +518,8 @@ def _protocol_note(df: pd.DataFrame) -> str:
 def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of questions, base -> trained") -> Path:
     """Figure 6a from `rlvr.tables.fates_table` rows (+ T): per pair, counts of gains from base-reachable and
     base-unreachable questions, losses (drawn below 0) and the net deployed change (left); entered and left the
-    reachable set and their net (right)."""
+    reachable set and their net (right). A ``<column>_expected`` column (with ``_lo``, ``_hi``) draws that count's
+    chance baseline as a black tick with its permutation interval."""
     need = ("pair", "n", "K", "T", "gains_from_reachable", "gains_from_unreachable", "losses", "net_deployed_change",
             "entered_reachable", "left_reachable", "net_reachable_change")
     _require(df, need, "rlvr fates")
@@ -541,6 +542,12 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of q
             bars = ax.bar(x + (j - (len(series) - 1) / 2) * width, y, width, color=color, label=label)
             ax.bar_label(bars, labels=[f"{int(v):+d}" if col.startswith("net") else f"{int(abs(v))}" for v in y],
                          fontsize=7, padding=1)
+            if f"{col}_expected" in df.columns:  # the chance baseline: gains independent of base reachability
+                e = df[f"{col}_expected"].to_numpy(dtype=float)
+                err = np.vstack([e - df[f"{col}_expected_lo"].to_numpy(dtype=float),
+                                 df[f"{col}_expected_hi"].to_numpy(dtype=float) - e])
+                ax.errorbar(x + (j - (len(series) - 1) / 2) * width, e, yerr=err, fmt="_", ms=14, mew=2,
+                            color="black", capsize=3, label="expected if gains ignored base reachability (95%)")
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
         ax.set_ylabel(ylabel)
@@ -550,10 +557,22 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of q
     return _save(fig, path)
 
 
+def _against_floor(row) -> str:
+    """'O_K 56.7% -> 32.3%', and against the guessing floor when there is one."""
+    text = f"O_K {row['O_base']:.1%} -> {row['O_trained']:.1%}"
+    if not np.isfinite(float(row["floor"])):
+        return text + " (free-form)"
+    below = [name for name, v in (("base", row["O_base"]), ("trained", row["O_trained"])) if v <= row["floor"]]
+    return text + f"\n{GUESSER}: {row['floor']:.1%}" + (f"; {' and '.join(below)} at or below it" if below else "")
+
+
 def plot_rlvr_changes(df: pd.DataFrame, path: Path | str, title: str = "Deployed vs reachable change") -> Path:
     """Figure 6b from `rlvr.tables.table5` rows (+ T): per pair, the change of deployed D and of the oracle O_K
-    side by side, with paired bootstrap 95% intervals, in percentage points."""
-    need = ("pair", "n", "K", "T", *(f"{m}_change{s}" for m in ("D", "O") for s in ("", "_lo", "_hi")))
+    side by side, with paired bootstrap 95% intervals, in percentage points; under each pair, its O_K before and
+    after against the uniform guesser's floor (column ``floor``; multiple choice only: an oracle below its floor
+    shows no reach beyond guessing)."""
+    need = ("pair", "n", "K", "T", "O_base", "O_trained", "floor",
+            *(f"{m}_change{s}" for m in ("D", "O") for s in ("", "_lo", "_hi")))
     _require(df, need, "rlvr changes")
     fig = Figure(figsize=(max(5.0, 1.8 * len(df) + 3), 4.2))
     ax = fig.add_subplot()
@@ -565,7 +584,8 @@ def plot_rlvr_changes(df: pd.DataFrame, path: Path | str, title: str = "Deployed
         bars = ax.bar(x + (j - 0.5) * 0.38, y, 0.38, yerr=err, capsize=4, color=color, label=label)
         ax.bar_label(bars, labels=[f"{v:+.1f}" for v in y], fontsize=8, padding=2)
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
+    ax.set_xticks(x, [f"{p}\n(n = {int(n)})\n{_against_floor(r)}" for p, n, (_, r)
+                      in zip(df["pair"], df["n"], df.iterrows())], fontsize=8)
     ax.set_ylabel("trained - base (percentage points)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
@@ -577,7 +597,8 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
                          title: str = "Realization after training by base hit rate") -> Path:
     """Figure 7 from `rlvr.tables.propensity` rows (+ T): among questions the base does not realize, the share
     realized after training per base hit-rate bin, one series per (pair, K), Wilson 95% bars and each bin's n
-    (an empty bin is marked "n = 0", with no point)."""
+    (an empty bin is marked "n = 0", with no point); with ``expected_realized`` (and ``expected_lo``/``_hi``),
+    beside each point the share independence of realization and hit rate would give (a tick, 95% permutation)."""
     need = ("pair", "K", "T", "bin", "n", "realization", "realization_lo", "realization_hi")
     _require(df, need, "rlvr propensity")
     bins = list(dict.fromkeys(df["bin"]))
@@ -592,6 +613,14 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
         err = np.vstack([y - g["realization_lo"].to_numpy(dtype=float), g["realization_hi"].to_numpy(dtype=float) - y])
         line = ax.errorbar(x, y, yerr=err, marker="os^Dv"[j % 5], ms=5, capsize=3, ls="none",
                            label=f"{pair}, hit rate of K = {K} samples")
+        if "expected_realized" in g.columns:  # realization independent of the base hit rate
+            n_bin = g["n"].to_numpy(dtype=float)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                e, lo, hi = (g[c].to_numpy(dtype=float) / n_bin for c in ("expected_realized", "expected_lo",
+                                                                          "expected_hi"))
+            ax.errorbar(x + width / 4, e, yerr=np.vstack([e - lo, hi - e]), fmt="_", ms=9, mew=1.5, capsize=2,
+                        color=line[0].get_color(), alpha=0.6,
+                        label=f"{pair}, K = {K}: expected if independent of hit rate (95%)" if j == 0 else None)
         for xi, hi, n in zip(x, g["realization_hi"].to_numpy(dtype=float), g["n"].to_numpy()):
             ax.annotate(f"{int(n)}", (xi, -0.05 if np.isnan(hi) else hi), textcoords="offset points",
                         xytext=(0, 0 if np.isnan(hi) else 3), ha="center",
@@ -630,11 +659,10 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage:
         ax.bar_label(bars, labels=[f"{v:.0%}" for v in y], fontsize=7, padding=2)
     ax.errorbar(x + 0.42, df["O_all"], yerr=np.vstack([df["O_all"] - df["O_all_lo"], df["O_all_hi"] - df["O_all"]]),
                 marker="o", mfc="none", ms=7, color="darkgreen", ls="none", capsize=2, label=f"oracle O_{total}")
-    floors = ((float(df["floor"].iloc[0]), f"guessing floor at K = {K}"),
-              (float(df["floor_all"].iloc[0]), f"guessing floor at K = {total}"))
+    floors = ((float(df["floor"].iloc[0]), f"floor at K = {K}"), (float(df["floor_all"].iloc[0]), f"floor at K = {total}"))
     for (value, label), style in zip(floors, ("--", ":")):
-        if value > 0:
-            ax.axhline(value, color="gray", ls=style, lw=1, label=f"{label}: {value:.1%}")
+        if np.isfinite(value):
+            ax.axhline(value, color="gray", ls=style, lw=1, label=f"{GUESSER}'s {label}: {value:.1%}")
     ax.set_xticks(x, [f"{c}\n(n = {int(n)})" for c, n in zip(df["checkpoint"], df["n"])], fontsize=8)
     ax.set_ylabel("share of questions correct")
     ax.set_ylim(0, 1.1)

@@ -167,6 +167,9 @@ def test_realization_by_hit_rate_bin():
     assert t["base_reachable"].tolist() == [False, True, True]
     assert t["realization"].iloc[0] == pytest.approx(1 / 3)
     assert (t["realization_lo"].iloc[0], t["realization_hi"].iloc[0]) == pytest.approx(wilson_interval(1, 3))
+    # chance baseline: 3 realized among 5 base-unrealized questions, spread by bin size
+    assert t["expected_realized"].tolist() == pytest.approx([3 * 3 / 5, 3 / 5, 3 / 5])
+    assert ((t.expected_lo <= t.expected_realized) & (t.expected_realized <= t.expected_hi)).all()
     with pytest.raises(ValueError, match="strictly increasing"):
         realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 0.5, 1])
     with pytest.raises(ValueError, match="from 0 to 1"):
@@ -190,3 +193,22 @@ def test_repair_and_breakage_rates():
     with pytest.raises(ValueError, match="one length"):
         repair_rate([False], [True, False])
     assert math.isnan(repair_rate([], []).rate)
+
+
+def test_independence_baseline_and_gains_from_reachable_questions():
+    from reach_lens.audit import gains_under_independence, independence_baseline
+
+    # 40 base-unrealized questions, 10 base-reachable; 8 gains, all from the reachable ones
+    rows_b = [(f"r{i}", 0, 2) for i in range(10)] + [(f"u{i}", 0, 0) for i in range(30)]
+    rows_t = [(f"r{i}", int(i < 8), 2) for i in range(10)] + [(f"u{i}", 0, 0) for i in range(30)]
+    chance = gains_under_independence(fates(_table(rows_b), _table(rows_t)), seed=1)
+    assert chance["observed"] == 8 and chance["expected"] == pytest.approx(8 * 10 / 40)
+    assert chance["lo"] <= 2 <= chance["hi"] < 8  # what independence gives excludes the observed count
+    # gains spread like the questions: observed at the expectation
+    rows_t = [(f"r{i}", int(i < 2), 2) for i in range(10)] + [(f"u{i}", int(i < 6), 0) for i in range(30)]
+    even = gains_under_independence(fates(_table(rows_b), _table(rows_t)), seed=1)
+    assert even["observed"] == 2 and even["expected"] == pytest.approx(2.0) and even["lo"] <= 2 <= even["hi"]
+    expected, lo, hi = independence_baseline([True] * 3 + [False] * 7, [0] * 5 + [1] * 5, 3, n_perm=500)
+    assert expected.tolist() == pytest.approx([1.5, 1.5, 0.0]) and hi[2] == 0 and (lo <= expected).all()
+    with pytest.raises(ValueError, match="out of range 0..1"):
+        independence_baseline([True], [2], 2)

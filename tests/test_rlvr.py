@@ -157,7 +157,7 @@ def test_guess_floor():
     assert tables.guess_floor(4, 1) == pytest.approx(0.25)
     assert tables.guess_floor(4, 4) == pytest.approx(1 - 0.75 ** 4)
     assert tables.guess_floor([2, 4], 2) == pytest.approx((0.75 + (1 - 0.75 ** 2)) / 2)
-    assert tables.guess_floor(None, 200) == 0.0
+    assert math.isnan(tables.guess_floor(None, 200))  # free-form answers have no floor
 
 
 # ---- protocols
@@ -257,8 +257,22 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
                                                                         ("net_reachable_change", 1)) for v in fates[col]])
     assert heights(drawn["changes"].axes[0]) == pytest.approx([100 * v for m in ("D", "O") for v in t5[f"{m}_change"]])
     assert heights(drawn["lin"].axes[0]) == pytest.approx([v for m in ("D", "vote", "O") for v in t7[m]])
-    floors = [ln.get_ydata()[0] for ln in drawn["lin"].axes[0].get_lines() if "guessing floor" in str(ln.get_label())]
+    floors = [ln.get_ydata()[0] for ln in drawn["lin"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
     assert floors == pytest.approx([t7.floor.iloc[0], t7.floor_all.iloc[0]])
+    # Figure 6b names each pair's O_K before and after against the floor
+    ticks = [t.get_text() for t in drawn["changes"].axes[0].get_xticklabels()]
+    assert all(f"{plots.GUESSER}: {t5.floor.iloc[0]:.1%}" in t for t in ticks)
+    assert f"O_K {t5.O_base.iloc[0]:.1%} -> {t5.O_trained.iloc[0]:.1%}" in ticks[0]
+    # Figure 6a: the chance baseline of gains from base-reachable questions, with its permutation interval
+    ticks6a = [ln for ln in left.get_lines() if ln.get_marker() == "_"]
+    assert [round(float(y), 9) for y in ticks6a[0].get_ydata()] == pytest.approx(
+        list(fates.gains_from_reachable_expected))
+    # free-form answers: no floor line, and the pair says so
+    free_t7 = tables.table7({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
+    plots.plot_rlvr_lineage(free_t7, tmp_path / "lin_free.png")
+    assert not [ln for ln in drawn["lin_free"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
+    plots.plot_rlvr_changes(tables.table5(pairs, m=None, n_boot=100).assign(T=0.8), tmp_path / "changes_free.png")
+    assert all("free-form" in t.get_text() for t in drawn["changes_free"].axes[0].get_xticklabels())
     points = [ln for ln in drawn["prop"].axes[0].get_lines() if ln.get_marker() in tuple("os^Dv")]  # not the caps
     for line_, (_, g) in zip(points, prop.groupby(["pair", "K"], sort=False)):
         np.testing.assert_allclose(line_.get_ydata(), g.realization.to_numpy(dtype=float))

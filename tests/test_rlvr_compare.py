@@ -61,7 +61,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     assert sorted(set(t6.K)) == [2, 4] and (t6.O_base <= 1).all()
     assert set(pd.read_csv(summary / "table7_lineage.csv").checkpoint) == {"base", "copy", "edited"}
     assert len(pd.read_csv(summary / "propensity.csv")) == 2 * 2 * 5  # 5 bins at K and at 2K, per pair
-    assert set(pd.read_csv(summary / "table8_format.csv").n) == {4}
+    assert set(pd.read_csv(summary / "table8_format_transfer.csv").n) == {4}
     assert len(list((tmp_path / "figures").glob("rlvr_*.png"))) == 4
 
     def fail(*a, **k):

@@ -25,6 +25,11 @@ def _ratio(row) -> str:
     return "n/a" if pd.isna(row.retained) else f"{row.retained:.2f} [{row.retained_lo:.2f}, {row.retained_hi:.2f}]"
 
 
+def _floor(value: float) -> str:
+    """A guessing floor, or "none" for free-form answers (NaN)."""
+    return "none (free-form)" if pd.isna(value) else f"{value:.1%}"
+
+
 def _pp(row, m: str) -> str:
     return f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
 
@@ -37,24 +42,36 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
              "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
     for _, r in t5.iterrows():
         lines.append(f"| {r.pair} | {_pct(r, 'D_base')} | {_pct(r, 'O_base')} | {_pct(r, 'D_trained')} | "
-                     f"{_pct(r, 'O_trained')} | {r.floor:.1%} | {_pp(r, 'D_change')} | {_pp(r, 'O_change')} | "
+                     f"{_pct(r, 'O_trained')} | {_floor(r.floor)} | {_pp(r, 'D_change')} | {_pp(r, 'O_change')} | "
                      f"{r.delta_n_reachable:+d} [{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] |")
-    lines += ["", reference, "", "## Figure 6a: fates (counts of questions)", "", markdown(fates), "",
-              f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
-              "| pair | K | floor | base O | trained O | base O−D | trained O−D | Δn_reachable | base / trained "
-              "reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", reference, "", "## Figure 6a: fates (counts of questions)", "",
+              "Gains from base-reachable questions beside what independence would give (gains spread over the "
+              "base-unrealized questions regardless of base reachability; 95% permutation interval):", "",
+              "| pair | gains | from base-reachable | expected if independent | from base-unreachable | losses | "
+              "entered reachable | left reachable |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in fates.iterrows():
+        gains = r.gains_from_reachable + r.gains_from_unreachable
+        lines.append(f"| {r.pair} | {gains} | {r.gains_from_reachable} | {r.gains_from_reachable_expected:.1f} "
+                     f"[{r.gains_from_reachable_expected_lo:.0f}, {r.gains_from_reachable_expected_hi:.0f}] | "
+                     f"{r.gains_from_unreachable} | {r.losses} | {r.entered_reachable} | {r.left_reachable} |")
+    lines += ["", f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
+              "| pair | K | floor | base O | trained O | O_base − O_trained | base O−D | trained O−D | Δn_reachable | "
+              "base / trained reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in t6.iterrows():
-        lines.append(f"| {r.pair} | {r.K} | {r.floor:.1%} | {_pct(r, 'O_base')} | {_pct(r, 'O_trained')} | "
-                     f"{100 * r.gap_base:+.1f} pp | {100 * r.gap_trained:+.1f} pp | {r.delta_n_reachable:+d} "
-                     f"[{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] | "
+        lines.append(f"| {r.pair} | {r.K} | {_floor(r.floor)} | {_pct(r, 'O_base')} | {_pct(r, 'O_trained')} | "
+                     f"{_pp(r, 'O_drop')} | {100 * r.gap_base:+.1f} pp | {100 * r.gap_trained:+.1f} pp | "
+                     f"{r.delta_n_reachable:+d} [{r.delta_n_reachable_lo:+.0f}, {r.delta_n_reachable_hi:+.0f}] | "
                      f"{r.reach_base_unbiased:.1%} / {r.reach_trained_unbiased:.1%} |")
     lines += ["", f"## Table 7: lineage (K = {K})", "", "| checkpoint | deployed D | vote@K | oracle O_K | floor | "
               f"O_{2 * K} | floor {2 * K} |", "|---|---|---|---|---|---|---|"]
     for _, r in t7.iterrows():
-        lines.append(f"| {r.checkpoint} | {_pct(r, 'D')} | {_pct(r, 'vote')} | {_pct(r, 'O')} | {r.floor:.1%} | "
-                     f"{_pct(r, 'O_all')} | {r.floor_all:.1%} |")
-    lines += ["", f"## Table 8: format control ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
+        lines.append(f"| {r.checkpoint} | {_pct(r, 'D')} | {_pct(r, 'vote')} | {_pct(r, 'O')} | {_floor(r.floor)} | "
+                     f"{_pct(r, 'O_all')} | {_floor(r.floor_all)} |")
+    lines += ["", f"## Table 8: format transfer ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
               "not base-realized", "",
+              "Base and trained checkpoints share one chat template here, so this is whether gains transfer to a "
+              f"prompt format training never saw ({control_fmt}), not the paper's native-vs-shared confound (a "
+              "checkpoint's own template against the base's).", "",
               f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
               f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
               "|---|---|---|---|---|---|---|---|"]
@@ -64,5 +81,8 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
                      f"{r.D_base_native:.1%} / {r.D_base_shared:.1%} | "
                      f"{r.D_trained_native:.1%} / {r.D_trained_shared:.1%} |")
     lines += ["", "## Figure 7: realization after training among base-unrealized questions, by base hit rate", "",
-              markdown(prop[["pair", "K", "bin", "n", "realized", "realization", "realization_lo", "realization_hi"]])]
+              "expected: the bin's realized count if realization were independent of the base hit rate (95% "
+              "permutation interval).", "",
+              markdown(prop[["pair", "K", "bin", "n", "realized", "realization", "realization_lo", "realization_hi",
+                             "expected_realized", "expected_lo", "expected_hi"]])]
     return "\n".join(lines) + "\n"

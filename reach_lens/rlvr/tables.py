@@ -5,7 +5,7 @@
     propensity({"grpo": (base, grpo)})              # Figure 7: realization by base hit-rate bin
     table6({"grpo": (base_2K, grpo_2K)}, K, m)      # budget control: K and 2K from one set of 2K samples
     table7({"base": base_2K, "grpo": ...}, K, m)    # lineage: deployed, majority vote, oracle
-    table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format control
+    table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format transfer
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
 every oracle is reported beside the uniform guesser's ``1 - (1 - 1/m)^K`` (averaged over questions).
@@ -32,14 +32,9 @@ FATE_COLUMNS = {
 
 
 def guess_floor(m: int | Sequence[int] | None, K: int) -> float:
-    """P(a uniform guesser over m options names the gold one at least once in K tries), averaged over the
-    questions when ``m`` lists each question's option count; 0 for free-form answers (None)."""
-    if m is None:
-        return 0.0
-    counts = [m] if isinstance(m, int) else list(m)
-    if not counts or min(counts) < 1:
-        raise ValueError(f"option counts {counts[:10]} must be >= 1 (or None for free-form answers)")
-    return float(np.mean([1.0 - (1.0 - 1.0 / c) ** K for c in counts]))
+    """`audit.guesser_reach` of ``m`` options (one count for every question, or each question's): NaN for
+    free-form answers (None: no floor)."""
+    return audit.guesser_reach([m] if isinstance(m, int) else m, K)
 
 
 def _wilson(prefix: str, x: np.ndarray) -> dict:
@@ -63,9 +58,11 @@ def table5(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequ
     return pd.DataFrame(rows)
 
 
-def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: int = 0) -> pd.DataFrame:
     """Figure 6a: per pair, gains from base-reachable and from base-unreachable questions, losses, the net
-    deployed change (gains - losses, = trained - base realized count), entered and left the reachable set."""
+    deployed change (gains - losses, = trained - base realized count), entered and left the reachable set, and
+    the chance baseline of the first: ``gains_from_reachable_expected`` (what independence of gaining and base
+    reachability would give) with its 95% permutation interval (``_lo``, ``_hi``; `audit.gains_under_independence`)."""
     rows = []
     for label, (base, trained) in pairs.items():
         f = audit.fates(base, trained)
@@ -74,16 +71,20 @@ def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]]) -> pd.Da
         row.update({name: int(counts[key]) for name, key in FATE_COLUMNS.items()})
         row["net_deployed_change"] = row["gains_from_reachable"] + row["gains_from_unreachable"] - row["losses"]
         row["net_reachable_change"] = row["entered_reachable"] - row["left_reachable"]
+        chance = audit.gains_under_independence(f, seed=seed)
+        row.update({"gains_from_reachable_expected": chance["expected"],
+                    "gains_from_reachable_expected_lo": chance["lo"], "gains_from_reachable_expected_hi": chance["hi"]})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
-               bins=audit.HIT_RATE_BINS) -> pd.DataFrame:
-    """Figure 7 for every pair: ``audit.realization_by_hit_rate_bin`` rows with pair and K columns."""
+               bins=audit.HIT_RATE_BINS, seed: int = 0) -> pd.DataFrame:
+    """Figure 7 for every pair: ``audit.realization_by_hit_rate_bin`` rows (with each bin's count expected under
+    independence) with pair and K columns."""
     frames = []
     for label, (base, trained) in pairs.items():
-        t = audit.realization_by_hit_rate_bin(base, trained, bins)
+        t = audit.realization_by_hit_rate_bin(base, trained, bins, seed=seed)
         t.insert(0, "K", int(base["K"].iloc[0]))
         t.insert(0, "pair", label)
         frames.append(t)
@@ -100,7 +101,7 @@ def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: in
     """Budget control from records of 2K samples: one row per pair and budget (K, 2K).
 
     At each budget: O of base and trained on that many samples (the first K, or all 2K; Wilson 95%), their
-    gaps O - D, delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
+    gaps O - D, the paper's gap O_base - O_trained (``O_drop``, paired bootstrap 95%), delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
     each side estimated from all 2K samples (``reach_base_unbiased``, ``reach_trained_unbiased``).
     """
     rows = []
@@ -113,6 +114,7 @@ def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: in
                          **{f"{x}_{s}{e}": c[f"{x}_{s}{e}"] for x in ("D", "O") for s in ("base", "trained")
                             for e in ("", "_lo", "_hi")},
                          "gap_base": c["O_base"] - c["D_base"], "gap_trained": c["O_trained"] - c["D_trained"],
+                         "O_drop": -c["O_change"], "O_drop_lo": -c["O_change_hi"], "O_drop_hi": -c["O_change_lo"],
                          "delta_n_reachable": c["delta_n_reachable"], "delta_n_reachable_lo": c["delta_n_reachable_lo"],
                          "delta_n_reachable_hi": c["delta_n_reachable_hi"],
                          "reach_base_unbiased": _reach_at(base, k), "reach_trained_unbiased": _reach_at(trained, k)})
@@ -134,8 +136,11 @@ def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[in
 
 def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]], n_boot: int = 2000,
            seed: int = 0) -> pd.DataFrame:
-    """Format control, per trained checkpoint: (base native records at K, trained native records at K, base
-    shared-format greedy rows, trained shared-format greedy rows).
+    """Format transfer, per trained checkpoint: (base records at K in the trained format, trained records at K in
+    it, base greedy rows in the control format, trained greedy rows in it). When base and trained checkpoints
+    share one chat template (as LoRA checkpoints of one model do), this measures whether gains transfer to an
+    untrained plain prompt; only a checkpoint that brings its own template measures the paper's native vs
+    shared format confound.
 
     Population P: questions base-reachable but not base-realized under the native protocol. Columns: pair,
     n (all questions), n_pool (|P|), D_base/D_trained under each format (``_native``, ``_shared``; Wilson),
