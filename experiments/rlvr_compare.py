@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoints", type=checkpoint_arg, nargs="+", default=None, metavar="LABEL=PATH",
                    help="trained checkpoints (default: the default GRPO and SFT recipes, trained when missing)")
     p.add_argument("--no-train", action="store_true", help="refuse to train missing default checkpoints")
-    p.add_argument("--control-fmt", default="shared", choices=("native", "shared"),
+    p.add_argument("--control-fmt", default="shared", choices=("native", "shared", "fewshot"),
                    help="format of the format-transfer table (Table 8; default shared)")
     p.add_argument("--salt", default="rlvr", help="salt of the train/audit id-hash split")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids on the audit side")
@@ -95,13 +95,13 @@ def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
     """The default recipes' checkpoints, trained here (saying so) when missing."""
     out = {}
     for kind in KINDS:
-        recipe = default_recipe(kind, task=args.task, salt=args.salt, audit_share=args.audit_share,
+        recipe = default_recipe(kind, task=args.task, fmt=args.fmt, salt=args.salt, audit_share=args.audit_share,
                                 precision=args.dtype)
         path = checkpoint_path(recipe)
         if not (path / "reach_lens_training.json").exists():
             if args.no_train:
                 raise SystemExit(f"{kind} checkpoint {path} is missing and --no-train is set: run "
-                                 f"python experiments/train_rlvr.py --recipe {kind} --task {args.task}")
+                                 f"python experiments/train_rlvr.py --recipe {kind} --task {args.task} --fmt {args.fmt}")
             from reach_lens.models import embedded_checkpoint_dir
             from reach_lens.rlvr.train import train
 
@@ -146,6 +146,11 @@ def main(argv=None) -> int:
     started = time.time()
     cli.setup(args)
     task = get_task(args.task)
+    args.fmt = cli.checkpoint_format(args.fmt, task, args.model)  # the recipes' and the protocols' format
+    if args.control_fmt == args.fmt:
+        raise cli.UserError(f"--control-fmt {args.control_fmt!r} is the main format of {args.task}: the "
+                            "format-transfer table needs another format")
+    task.check_format(args.control_fmt)
     loaded = cli.load_source(task, args.source, args.split)
     _, audit_side, split = split_questions(loaded, args.task, args.salt, args.audit_share)
     if args.n > len(audit_side):

@@ -34,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="base HF checkpoint directory (default: the embedded model)")
     p.add_argument("--task", default="arc_easy", help="training task (its grader is the reward)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
+    p.add_argument("--fmt", default="auto", choices=cli.FORMATS,
+                   help="prompt format of training and of --reward-density: auto (each task's own for the base "
+                        "model), native, shared or fewshot (part of the recipe; rlvr_compare must use the same)")
     p.add_argument("--steps", type=cli.positive_int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--lr", type=cli.positive_float, default=None, help="learning rate (default: the recipe's)")
     tuning = p.add_mutually_exclusive_group()
@@ -73,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def recipes_of(args: argparse.Namespace) -> list:
-    changes = {"task": args.task, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
+    changes = {"task": args.task, "fmt": args.fmt, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
                "save_steps": args.save_steps, "precision": args.dtype}
     if args.full:
         changes["lora_r"] = None
@@ -103,8 +106,10 @@ def measure_reward_density(args: argparse.Namespace) -> int:
         train_side, _, _ = split_questions(cli.load_source(task, args.source if name == args.task else None, None),
                                            name, args.salt, args.audit_share)
         questions = subsample(train_side, min(args.density_n, len(train_side)), args.seed)
-        rows.append(reward_density(model, task, questions, "native", K=8, temperature=0.8, seed=args.seed))
-        SAY(f"{name}: reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
+        fmt = task.resolve_format(args.fmt, model.tokenizer)
+        rows.append({**reward_density(model, task, questions, fmt, K=8, temperature=0.8, seed=args.seed),
+                     "fmt": fmt})
+        SAY(f"{name} ({fmt}): reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
     table = pd.DataFrame(rows).sort_values("density", ascending=False)
     out = Path("runs") / "train_rlvr"
     out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +140,9 @@ def main(argv=None) -> int:
     args.dtype = str(cli.resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
     if args.reward_density:
         return measure_reward_density(args)
+    from reach_lens.tasks import get_task
+
+    args.fmt = cli.checkpoint_format(args.fmt, get_task(args.task), args.model)
     from reach_lens.models import embedded_checkpoint_dir
     from reach_lens.rlvr.train import LOG, read_metadata, train
 

@@ -200,6 +200,20 @@ def cell_format(fmt: str, task, model, routes: bool = False) -> str:
     return "shared" if routes and fmt == "auto" and chosen == "fewshot" else chosen
 
 
+def checkpoint_format(fmt: str, task, checkpoint: str | Path | None) -> str:
+    """``cell_format`` for a model not loaded yet: ``auto`` resolved with the tokenizer of ``checkpoint`` (a
+    Hugging Face name or directory; None: the embedded model), which says whether it has a chat template."""
+    if fmt != "auto":
+        task.check_format(fmt)
+        return fmt
+    from transformers import AutoTokenizer
+
+    from reach_lens.models import embedded_checkpoint_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint if checkpoint is not None else embedded_checkpoint_dir()))
+    return task.resolve_format(fmt, tokenizer)
+
+
 def resolve_device(name: str) -> str:
     """``auto`` is cuda when a GPU is present, else cpu; a named cuda device must exist."""
     if name == "auto":

@@ -153,6 +153,17 @@ def test_format_table():
     assert nothing.realized_native == 0 and math.isnan(nothing.retained)
 
 
+def test_gold_completions_follow_the_prompt_format():
+    from reach_lens.rlvr.data import gold_completion
+    from reach_lens.tasks import Question, get_task
+
+    q = Question("s1", "How many?", "23 years", context="Title: T\nBackground: B", aliases=("23 years", "23"))
+    squad = get_task("squad")
+    assert gold_completion(squad, q, "shared") == " 23 years" == gold_completion(squad, q, "fewshot")
+    assert gold_completion(squad, q, "native") == "23 years"
+    assert squad.grade(q, gold_completion(squad, q, "fewshot")).correct
+
+
 def test_guess_floor():
     assert tables.guess_floor(4, 1) == pytest.approx(0.25)
     assert tables.guess_floor(4, 4) == pytest.approx(1 - 0.75 ** 4)

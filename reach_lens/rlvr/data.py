@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def gold_completion(task: Any, q: Any) -> str:
-    """The SFT target: ``"B. <option text>"`` for a multiple-choice question, else the gold answer itself."""
+def gold_completion(task: Any, q: Any, fmt: str = "native") -> str:
+    """The SFT target: ``"B. <option text>"`` for a multiple-choice question, else the gold answer itself, after
+    a space where the prompt is plain text ending in ``"Answer:"`` (short answers in the shared and fewshot
+    formats, as OLMES's shots write them)."""
     if task.kind == "mc":
         return f"{q.gold}. {q.options[q.gold_index]}"
-    return str(q.gold)
+    return f" {q.gold}" if task.kind == "short_answer" and fmt != "native" else str(q.gold)
 
 
 def grpo_rows(task: Any, questions: Sequence[Any], tokenizer: Any, fmt: str = "native") -> list[dict]:
@@ -24,7 +26,7 @@ def grpo_rows(task: Any, questions: Sequence[Any], tokenizer: Any, fmt: str = "n
 
 def sft_rows(task: Any, questions: Sequence[Any], tokenizer: Any, fmt: str = "native") -> list[dict]:
     """``{"prompt", "completion", "question_id"}`` per question (loss on the completion only)."""
-    return [{"prompt": task.prompt(q, fmt, tokenizer), "completion": gold_completion(task, q), "question_id": str(q.id)}
+    return [{"prompt": task.prompt(q, fmt, tokenizer), "completion": gold_completion(task, q, fmt), "question_id": str(q.id)}
             for q in questions]
 
 
