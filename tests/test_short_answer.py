@@ -168,3 +168,28 @@ def test_auto_format_is_the_tasks_default_and_shared_for_a_base_model():
 def test_grading_needs_aliases():
     with pytest.raises(ValueError, match="no gold aliases"):
         grade_short_answer("x", ())
+
+
+@pytest.mark.integration
+def test_squad_on_the_embedded_model_shares_the_shots_and_equals_prompts_run_alone():
+    """OLMES's 5-shot SQuAD prompts (~1,250 tokens) on the embedded model: the engine computes the shots once and
+    each question's tokens after them, and greedy answers and their log-probs equal those of prompts prefilled
+    alone (samples: on tiny models, tests/test_engine.py); the protocol records the shots' hash."""
+    import torch
+
+    from reach_lens import Protocol, deploy, load_model, subsample
+    from reach_lens.generate import TransformerLensEngine
+
+    model = load_model()
+    task = get_task("squad")
+    questions = subsample(task.load(), 2, seed=0)
+    shared, alone = TransformerLensEngine(model), TransformerLensEngine(model, share_prefixes=False)
+    greedy = deploy(shared, task, questions, "fewshot")
+    reference = deploy(alone, task, questions, "fewshot")
+    assert [g["text"] for g in greedy] == [r["text"] for r in reference]
+    assert [g["mean_logprob"] for g in greedy] == pytest.approx([r["mean_logprob"] for r in reference], abs=1e-4)
+    shots = shared.prefix_cache.longest_prefix(tuple(shared.encode(task.prompt(questions[0], "fewshot", None))))
+    assert shots is not None and len(shots) > 900  # the five shots (~1,000 tokens), computed once for both questions
+    assert all(0.0 <= g["f1"] <= 1.0 for g in greedy)  # token F1 recorded beside exact match
+    protocol = Protocol.of(study="test", model=model, task=task, questions=questions, fmt="fewshot", probe="deploy")
+    assert protocol.prompt == task.prompt_spec("fewshot") and torch.get_num_threads() >= 1
