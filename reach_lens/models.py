@@ -210,15 +210,10 @@ def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: s
     pos = state_dict.get("pos_embed.W_pos")
     if pos is not None and pos.shape[0] > cfg.n_ctx:  # learned positions beyond the n_ctx cap
         state_dict["pos_embed.W_pos"] = pos[: cfg.n_ctx]
+    cfg.init_weights = False  # every weight is loaded below: TransformerLens's random init would be overwritten
     model = HookedTransformer(cfg, tokenizer, move_to_device=False)
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
+    model.cfg.init_weights = True  # a model built again from this config initializes its weights
+    _load_unprocessed(model, state_dict)
     for p in model.parameters():  # TransformerLens 3.9 builds MoE experts as float32 nn.Linear whatever cfg.dtype
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -227,6 +222,32 @@ def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: s
     model.eval()
     store_linear_weights_transposed(model)
     return model
+
+
+def _load_unprocessed(model: HookedTransformer, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy a converted state dict into ``model`` (built without random init), one module at a time.
+
+    What ``load_and_process_state_dict`` does with all processing off (a missing attention or MLP matrix is
+    refused, other missing entries keep the module's own values: zero biases, unit norms, and here a zero
+    matrix, e.g. Bloom's unused ``W_pos``, rather than uninitialized memory), several times faster: it loads
+    key by key through the whole model. Each module's tensors are freed once copied.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in state_dict and name.rsplit(".", 1)[-1].lstrip("_").startswith("W_"):
+                p.zero_()
+    state_dict = model.fill_missing_keys(state_dict)
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for key in list(state_dict):
+        path, _, leaf = key.rpartition(".")
+        by_module.setdefault(path, {})[leaf] = state_dict.pop(key)
+    for path, tensors in by_module.items():
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:  # an entry the model has no module for: ignored, as TransformerLens ignores it
+            continue
+        module.load_state_dict(tensors, strict=False)
+        tensors.clear()
 
 
 def store_linear_weights_transposed(model: HookedTransformer) -> None:

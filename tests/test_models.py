@@ -173,3 +173,24 @@ def test_prune_magnitude_on_a_loaded_model_with_transposed_storage(tmp_path):
     assert (ours - reference).abs().max().item() < 1e-5
     assert (ours - unpruned).abs().max().item() > 1e-2  # the pruning did change the model
 
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_loaded_weights_equal_transformer_lens_own_unprocessed_load(tmp_path, arch):
+    """load_model skips TransformerLens's random init and copies the converted weights module by module: the same
+    parameters and buffers as TransformerLens's load_and_process_state_dict with all processing off."""
+    from transformer_lens import HookedTransformer
+
+    from reach_lens.architectures import CONVERTERS, hooked_config
+
+    hf = save_checkpoint(tmp_path, arch)
+    ours = load_model(tmp_path)
+    cfg = hooked_config(hf.config)
+    reference = HookedTransformer(cfg, move_to_device=False)
+    reference.load_and_process_state_dict(CONVERTERS[cfg.original_architecture](hf, cfg), fold_ln=False,
+                                          center_writing_weights=False, center_unembed=False,
+                                          fold_value_biases=False, refactor_factored_attn_matrices=False)
+    expected = reference.state_dict()
+    assert ours.cfg.init_weights  # the config still builds an initialized model
+    assert list(ours.state_dict()) == list(expected)
+    for name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
