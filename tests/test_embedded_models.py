@@ -114,13 +114,13 @@ GEMMA_WINDOW = 512
 
 @pytest.fixture(scope="module", params=list(EMBEDDED_MODELS))
 def pair(request):
-    """(name, reach_lens model, Hugging Face model) for each embedded model, loaded once per module."""
-    from transformers import AutoModelForCausalLM
+    """(name, reach_lens model, Hugging Face model, its tokenizer) for each embedded model, loaded once per module."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = request.param
     model = load_model(name)
     hf = AutoModelForCausalLM.from_pretrained(embedded_checkpoint_dir(name), dtype=torch.float32).eval()
-    return name, model, hf
+    return name, model, hf, AutoTokenizer.from_pretrained(embedded_checkpoint_dir(name))
 
 
 def few_shot_prompt(tokenizer, min_tokens: int) -> str:
@@ -151,11 +151,11 @@ def task_prompts(tokenizer) -> dict[str, str]:
 
 @pytest.mark.integration
 def test_embedded_model_shape_bos_and_formats(pair):
-    name, model, hf = pair
+    name, model, _, tokenizer = pair
     assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.d_vocab) == SHAPES[name]
     assert model.cfg.model_name == name
     text = "Question: What is 7 + 5?\nAnswer:"
-    hf_ids = hf_tokenizer(name)(text)["input_ids"]  # the tokenizer's own rule for special tokens
+    hf_ids = tokenizer(text)["input_ids"]  # the tokenizer's own rule for special tokens
     assert encode(model, text) == hf_ids
     if name == "gemma3-270m":  # Gemma must start with <bos>; it is a base model: no chat template
         assert hf_ids[0] == model.tokenizer.bos_token_id == 2
@@ -166,15 +166,9 @@ def test_embedded_model_shape_bos_and_formats(pair):
         assert hf_ids[0] != model.tokenizer.bos_token_id and model.tokenizer.chat_template is not None
 
 
-def hf_tokenizer(name: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(embedded_checkpoint_dir(name))
-
-
 @pytest.mark.integration
 def test_embedded_model_logprobs_equal_hf(pair):
-    name, model, hf = pair
+    name, model, hf, _ = pair
     worst = {}
     for label, text in task_prompts(model.tokenizer).items():
         tokens = torch.tensor([encode(model, text)])
@@ -191,7 +185,7 @@ def test_embedded_model_logprobs_equal_hf(pair):
 def test_embedded_model_engine_greedy_equals_hf_generate(pair):
     from reach_lens.generate import Request, engine_for
 
-    name, model, hf = pair
+    name, model, hf, _ = pair
     engine = engine_for(model)
     assert engine.attention == ATTENTION[name]
     prompts = task_prompts(model.tokenizer)
