@@ -7,14 +7,16 @@ its chat format ("native"), or in the plain "shared" format for a model without 
 base). Prompt sets:
 
 - arc: the first 20 ARC-Easy test questions (about 90 prompt tokens);
-- logiqa: the first 20 LogiQA test questions whose prompt has at least 280 tokens (about 320).
+- logiqa: the first 20 LogiQA test questions whose prompt has at least 280 tokens (about 320);
+- squad: the first 20 embedded SQuAD questions in OLMES's 5-shot text format, for every model (about 1,250
+  tokens, of which the ~1,000 of the shots are the same in every prompt: reach_lens computes them once).
 
 HF runs one ``generate(num_return_sequences=16)`` per prompt (it expands the prompt to 16 rows before its
 prefill); reach_lens runs one ``Engine.generate`` over all 16 x 20 requests (one prefill per prompt).
 Each method runs in its own subprocess; peak memory is that process's resident-set high-water mark
 during generation (reset after loading where Linux allows it). One prompt is run first as a warm-up.
 
-    python bench/bench_sample.py [--model gemma3-270m] [--threads 1] [--n 20] [--sets arc logiqa]
+    python bench/bench_sample.py [--model gemma3-270m] [--threads 1] [--n 20] [--sets arc logiqa squad]
 """
 
 from __future__ import annotations
@@ -39,10 +41,17 @@ def prompt_format(tokenizer) -> str:
     return "native" if tokenizer.chat_template is not None else "shared"
 
 
+def set_format(name: str, tokenizer) -> str:
+    return "fewshot" if name == "squad" else prompt_format(tokenizer)
+
+
 def prompt_set(name: str, n: int, tokenizer) -> list[str]:
     from reach_lens.tasks import get_task
 
-    fmt = prompt_format(tokenizer)
+    fmt = set_format(name, tokenizer)
+    if name == "squad":
+        task = get_task("squad")
+        return [task.prompt(q, fmt, tokenizer) for q in task.load()[:n]]
     if name == "arc":
         task = get_task("arc_easy")
         return [task.prompt(q, fmt, tokenizer) for q in task.load(ARC_FILE)[:n]]
@@ -87,7 +96,7 @@ def worker(method: str, model_name: str, set_name: str, n: int, threads: int | N
         from reach_lens.generate import Request, TransformerLensEngine, row_seed
 
         model = load_model(model_name)
-        fmt = prompt_format(model.tokenizer)
+        fmt = set_format(set_name, model.tokenizer)
         prompts = [encode(model, p) for p in prompt_set(set_name, n, model.tokenizer)]
 
         def run(batch: list[list[int]]) -> int:
@@ -101,7 +110,7 @@ def worker(method: str, model_name: str, set_name: str, n: int, threads: int | N
         path = embedded_checkpoint_dir(model_name)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        fmt = prompt_format(tokenizer)
+        fmt = set_format(set_name, tokenizer)
         # the tokenizer's own special tokens, as reach_lens's encode adds them (Gemma's BOS; none for SmolLM2)
         prompts = [tokenizer(p)["input_ids"] for p in prompt_set(set_name, n, tokenizer)]
 
@@ -132,7 +141,7 @@ def main() -> None:
     parser.add_argument("--model", default=EMBEDDED_NAME, choices=list(EMBEDDED_MODELS), help="embedded model")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--n", type=int, default=20, help="prompts per set")
-    parser.add_argument("--sets", nargs="+", default=["arc", "logiqa"], choices=["arc", "logiqa"])
+    parser.add_argument("--sets", nargs="+", default=["arc", "logiqa"], choices=["arc", "logiqa", "squad"])
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -73,15 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoints", type=checkpoint_arg, nargs="+", default=None, metavar="LABEL=PATH",
                    help="trained checkpoints (default: the default GRPO and SFT recipes, trained when missing)")
     p.add_argument("--no-train", action="store_true", help="refuse to train missing default checkpoints")
-    p.add_argument("--control-fmt", default="shared", choices=("native", "shared", "fewshot"),
-                   help="format of the format-transfer table (Table 8; default shared)")
+    p.add_argument("--control-fmt", default=None, choices=("native", "shared", "fewshot"),
+                   help="format of the format-transfer table (Table 8); default: another plain-text format than the "
+                        "main one (shared after native; fewshot, where the task has it, after shared; else native)")
     p.add_argument("--salt", default="rlvr", help="salt of the train/audit id-hash split")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids on the audit side")
     p.add_argument("--bins", type=float, nargs="+", default=list(audit.HIT_RATE_BINS),
                    help="hit-rate bin edges from 0 to 1 (bins: exactly 0, then (lo, hi])")
     args = p.parse_args(argv)
-    if args.control_fmt == args.fmt:
-        p.error(f"--control-fmt {args.control_fmt!r} equals --fmt: the format-transfer table needs another format")
     try:
         audit.hit_rate_bin_labels(args.bins)
     except ValueError as e:
@@ -89,6 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.checkpoints is not None and len({label for label, _ in args.checkpoints}) != len(args.checkpoints):
         p.error("--checkpoints: labels must be distinct")
     return args
+
+
+def control_format(fmt: str, task) -> str:
+    """The default format of the format-transfer table: plain text the trained format is not."""
+    if fmt != "shared":
+        return "shared"
+    return "fewshot" if "fewshot" in task.formats else "native"
 
 
 def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
@@ -146,7 +152,11 @@ def main(argv=None) -> int:
     started = time.time()
     cli.setup(args)
     task = get_task(args.task)
-    args.fmt = cli.checkpoint_format(args.fmt, task, args.model)  # the recipes' and the protocols' format
+    # the recipes' and the protocols' format; auto is zero-shot where a task's default is few-shot (training pays
+    # the prompt for every completion)
+    args.fmt = cli.checkpoint_format(args.fmt, task, args.model, zero_shot=True)
+    if args.control_fmt is None:
+        args.control_fmt = control_format(args.fmt, task)
     if args.control_fmt == args.fmt:
         raise cli.UserError(f"--control-fmt {args.control_fmt!r} is the main format of {args.task}: the "
                             "format-transfer table needs another format")

@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, pd.DataFrame]:
     """The protocol, store and searches table of one (model, task) cell: every search of every question (resumed)."""
-    fmt = cli.cell_format(args.fmt, task, model, routes=True)
+    fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)
     protocol = Protocol.of(study="routing", model=model, task=task, questions=qs, source=args.source, split=args.split,
                            seed=args.seed, fmt=fmt, probe="route", K=args.K,
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",

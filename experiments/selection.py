@@ -64,7 +64,7 @@ def temperatures(args) -> list[float]:
 
 def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStore, dict[str, pd.DataFrame]]:
     """The protocols, the route store and the records of every probe of one (model, task) cell (resumed)."""
-    fmt = cli.cell_format(args.fmt, task, model, routes=True)  # routes and samples share one prompt
+    fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)  # routes and samples share one prompt
     deploy = Protocol.of(study="selection", model=model, task=task, questions=qs, source=args.source, split=args.split,
                          seed=args.seed, fmt=fmt, probe="deploy")
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",

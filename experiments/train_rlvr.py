@@ -36,7 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
     p.add_argument("--fmt", default="auto", choices=cli.FORMATS,
                    help="prompt format of training and of --reward-density: auto (each task's own for the base "
-                        "model), native, shared or fewshot (part of the recipe; rlvr_compare must use the same)")
+                        "model, zero-shot where that is few-shot: training pays the prompt for every completion), "
+                        "native, shared or fewshot (part of the recipe; rlvr_compare must use the same)")
     p.add_argument("--steps", type=cli.positive_int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--lr", type=cli.positive_float, default=None, help="learning rate (default: the recipe's)")
     tuning = p.add_mutually_exclusive_group()
@@ -106,7 +107,7 @@ def measure_reward_density(args: argparse.Namespace) -> int:
         train_side, _, _ = split_questions(cli.load_source(task, args.source if name == args.task else None, None),
                                            name, args.salt, args.audit_share)
         questions = subsample(train_side, min(args.density_n, len(train_side)), args.seed)
-        fmt = task.resolve_format(args.fmt, model.tokenizer)
+        fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)
         rows.append({**reward_density(model, task, questions, fmt, K=8, temperature=0.8, seed=args.seed),
                      "fmt": fmt})
         SAY(f"{name} ({fmt}): reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
         return measure_reward_density(args)
     from reach_lens.tasks import get_task
 
-    args.fmt = cli.checkpoint_format(args.fmt, get_task(args.task), args.model)
+    args.fmt = cli.checkpoint_format(args.fmt, get_task(args.task), args.model, zero_shot=True)
     from reach_lens.models import embedded_checkpoint_dir
     from reach_lens.rlvr.train import LOG, read_metadata, train
 

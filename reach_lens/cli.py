@@ -188,19 +188,18 @@ def check_formats(fmt: str, tasks: Sequence) -> None:
             raise UserError(f"--fmt {fmt}: task {task.name!r} has the formats {', '.join(task.formats)} (or auto)")
 
 
-def cell_format(fmt: str, task, model, routes: bool = False) -> str:
+def cell_format(fmt: str, task, model, zero_shot: bool = False) -> str:
     """The format a cell runs: ``fmt``, or for ``auto`` the task's default for this model's tokenizer
     (``Task.resolve_format``). ``model`` is a HookedTransformer or an engine; the result enters the protocol.
-    ``routes``: the cell evaluates layer routes, and each route recomputes the whole prompt from its first edit
-    on, so ``auto`` never picks ``fewshot`` there (the zero-shot ``shared`` text instead: a few-shot block would
-    be paid again for every route)."""
+    ``zero_shot``: the study pays the whole prompt again for every candidate (a layer route recomputes it from its
+    first edit on; TRL's training generates and back-propagates every completion with its prompt), so ``auto``
+    never picks ``fewshot`` there, but the zero-shot ``shared`` text."""
     from reach_lens.generate import engine_for
 
-    chosen = task.resolve_format(fmt, engine_for(model).tokenizer)
-    return "shared" if routes and fmt == "auto" and chosen == "fewshot" else chosen
+    return _zero_shot(fmt, task.resolve_format(fmt, engine_for(model).tokenizer), zero_shot)
 
 
-def checkpoint_format(fmt: str, task, checkpoint: str | Path | None) -> str:
+def checkpoint_format(fmt: str, task, checkpoint: str | Path | None, zero_shot: bool = False) -> str:
     """``cell_format`` for a model not loaded yet: ``auto`` resolved with the tokenizer of ``checkpoint`` (a
     Hugging Face name or directory; None: the embedded model), which says whether it has a chat template."""
     if fmt != "auto":
@@ -211,7 +210,11 @@ def checkpoint_format(fmt: str, task, checkpoint: str | Path | None) -> str:
     from reach_lens.models import embedded_checkpoint_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint if checkpoint is not None else embedded_checkpoint_dir()))
-    return task.resolve_format(fmt, tokenizer)
+    return _zero_shot(fmt, task.resolve_format(fmt, tokenizer), zero_shot)
+
+
+def _zero_shot(asked: str, chosen: str, zero_shot: bool) -> str:
+    return "shared" if zero_shot and asked == "auto" and chosen == "fewshot" else chosen
 
 
 def resolve_device(name: str) -> str:
