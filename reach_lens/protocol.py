@@ -49,6 +49,21 @@ def question_set_hash(questions: Sequence[Any]) -> str:
     return hashlib.sha256(canonical_json(pairs).encode()).hexdigest()
 
 
+CORE_LIBRARIES = ("torch", "transformers", "transformer-lens")  # recorded in every protocol
+
+
+def library_versions(extra: Sequence[str] = ()) -> dict[str, str | None]:
+    """Installed versions of the libraries a run's numbers depend on: ``CORE_LIBRARIES`` and ``extra`` (e.g.
+    ``sae-lens`` when an SAE is attached, ``vllm`` for its engine); None for one that is not installed."""
+    out: dict[str, str | None] = {}
+    for name in (*CORE_LIBRARIES, *extra):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def reach_lens_version() -> str:
     """The installed reach_lens version, else the package's ``__version__``."""
     try:
@@ -84,6 +99,13 @@ def code_commit() -> str | None:
         return None
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return f"{head}+dirty" if dirty else head
+
+
+def _extra_libraries(facts: Mapping[str, str], model: Any) -> list[str]:
+    """The optional libraries a run on this engine depends on: SAELens when SAEs are attached (the weights
+    fingerprint says so), vLLM for its engine."""
+    extra = ["sae-lens"] if "+sae" in str(facts.get("weights", "")) else []
+    return extra + (["vllm"] if getattr(model, "name", None) == "vllm" else [])
 
 
 def _jsonable(name: str, value: object) -> Any:
@@ -127,6 +149,9 @@ class Protocol:
       ``"screen"`` are greedy (temperature 0, no K).
     - ``interventions``: their ``to_dict()``; ``settings``: study-specific parameters (JSON, part of the match).
     - ``version`` and ``commit`` default to this checkout's; ``commit`` is reported, never matched.
+    - ``libraries``: the versions of torch, transformers and transformer-lens (``library_versions``; with SAELens
+      or vLLM when a run uses them). They are matched: rows computed under other library versions are refused by
+      a run store and by a checkpoint comparison, naming the library, never silently mixed.
 
     Lists normalise to tuples and settings to sorted JSON, so equal protocols compare and hash equal. ``==`` is
     equality of the whole value (commit included); ``matches`` / ``diff`` are what compare two runs.
@@ -155,6 +180,7 @@ class Protocol:
     interventions: tuple[dict, ...] = ()
     settings: dict = field(default_factory=dict)
     version: str = field(default_factory=reach_lens_version)
+    libraries: dict = field(default_factory=library_versions)
     commit: str | None = field(default_factory=code_commit)
 
     def __post_init__(self):
@@ -209,6 +235,11 @@ class Protocol:
         if bad_keys:
             raise TypeError(f"settings keys {bad_keys} must be str")
         put(self, "settings", _jsonable("settings", dict(self.settings)))
+        libraries = self.libraries
+        if not isinstance(libraries, Mapping) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                                         for k, v in libraries.items()):
+            raise TypeError(f"libraries {libraries!r:.200} must map library names to version strings (or None)")
+        put(self, "libraries", _jsonable("libraries", dict(libraries)))
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -240,6 +271,7 @@ class Protocol:
             device=device if device is not None else facts["device"],
             dtype=dtype if dtype is not None else facts["dtype"],
             interventions=tuple(interventions), settings=dict(settings or {}),
+            libraries=library_versions(_extra_libraries(facts, model)),
         )
 
     def replace(self, **changes: Any) -> Protocol:
@@ -264,10 +296,11 @@ class Protocol:
         if unknown:
             raise ValueError(f"unknown protocol fields {unknown}; valid: {names}")
         optional = {f.name for f in fields(cls) if f.default is not dataclasses.MISSING
-                    or f.name == "settings"}
+                    or f.name in ("settings", "libraries")}
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"protocol lacks fields {missing}")
+        d = {"libraries": {}, **d}  # unrecorded, not today's: a run stored before the field matches no new one
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
     # ---- comparison --------------------------------------------------------------------------

@@ -53,14 +53,16 @@ def _show(value: object) -> str:
 
 
 def mismatch_lines(stored: Protocol, given: Protocol) -> list[str]:
-    """'field: stored X, given Y' for every differing matched field; settings are compared key by key."""
+    """'field: stored X, given Y' for every differing matched field; settings and libraries are compared key by
+    key (``libraries.torch: stored "2.13.0", given "2.14.1"``; a run stored before versions were recorded shows
+    ``<absent>``)."""
     lines = []
     for name, a, b in stored.diff(given):
-        if name == "settings":
+        if name in ("settings", "libraries"):
             for k in sorted(set(a) | set(b)):
                 va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
                 if va is _ABSENT or vb is _ABSENT or canonical_json(va) != canonical_json(vb):
-                    lines.append(f"settings.{k}: stored {_show(va)}, given {_show(vb)}")
+                    lines.append(f"{name}.{k}: stored {_show(va)}, given {_show(vb)}")
         else:
             lines.append(f"{name}: stored {_show(a)}, given {_show(b)}")
     return lines

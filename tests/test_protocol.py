@@ -37,6 +37,7 @@ CHANGES = {
     "stop_strings": ("\n\n", "Question:"), "prompt": "gsm8k:fewshot/1:STD:GSM8k:sha256=0123456789abcdef",
     "engine": "vllm", "device": "cuda", "dtype": "bfloat16",
     "interventions": (), "settings": {"alphas": [2, 4, 8]}, "version": "0.2.0",
+    "libraries": {"torch": "2.14.1", "transformers": "5.24.0", "transformer-lens": "3.9.0"},
 }
 
 
@@ -208,3 +209,35 @@ def test_commit_is_this_checkout_head():
     fields = {k: v for k, v in base().to_dict().items() if k != "commit"}
     assert Protocol(**{**fields, "stop_strings": tuple(fields["stop_strings"]),
                        "interventions": tuple(fields["interventions"])}).commit == code_commit()
+
+
+def test_protocols_record_library_versions_and_refuse_rows_of_other_ones(tmp_path):
+    from importlib import metadata
+
+    from reach_lens.store import ProtocolMismatch, RunStore
+
+    p = base()
+    assert p.libraries == {name: metadata.version(name) for name in ("torch", "transformers", "transformer-lens")}
+    store = RunStore(tmp_path / "run", p)
+    store.append("records", [{"question_id": "q1", "x": 1}])
+    upgraded = p.replace(libraries={**p.libraries, "torch": "9.9.9"})
+    assert upgraded.diff(p) == [("libraries", upgraded.libraries, p.libraries)]
+    with pytest.raises(ProtocolMismatch, match=r'libraries\.torch: stored "\d[^"]*", given "9\.9\.9"'):
+        RunStore(tmp_path / "run", upgraded)
+    # a run stored before versions were recorded reads as {}, which no new run matches: flagged, not mixed
+    old = {k: v for k, v in p.to_dict().items() if k != "libraries"}
+    assert Protocol.from_dict(old).libraries == {} and not Protocol.from_dict(old).matches(p)
+    with pytest.raises(TypeError, match="must map library names to version strings"):
+        base(libraries={"torch": 2.13})
+
+
+def test_optional_libraries_enter_a_protocol_when_the_run_uses_them():
+    from reach_lens.protocol import _extra_libraries
+
+    assert _extra_libraries({"weights": "0123456789abcdef"}, object()) == []
+    assert _extra_libraries({"weights": "0123456789abcdef+sae0123456789ab"}, object()) == ["sae-lens"]
+
+    class VLLM:
+        name = "vllm"
+
+    assert _extra_libraries({"weights": "x"}, VLLM()) == ["vllm"]

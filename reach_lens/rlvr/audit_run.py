@@ -44,11 +44,11 @@ def mismatches(reference: Protocol, other: Protocol) -> list[str]:
     """'field: X vs Y' for every field but the checkpoint's that differs (settings key by key)."""
     lines = []
     for name, a, b in reference.diff(other, ignore=CHECKPOINT_FIELDS):
-        if name == "settings":
+        if name in ("settings", "libraries"):
             for key in sorted(set(a) | set(b)):
                 va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
                 if canonical_json(va) != canonical_json(vb):
-                    lines.append(f"settings.{key}: {canonical_json(va)[:200]} vs {canonical_json(vb)[:200]}")
+                    lines.append(f"{name}.{key}: {canonical_json(va)[:200]} vs {canonical_json(vb)[:200]}")
         else:
             lines.append(f"{name}: {canonical_json(a)[:200]} vs {canonical_json(b)[:200]}")
     return lines
