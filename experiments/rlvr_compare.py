@@ -41,7 +41,7 @@ from reach_lens.rlvr.audit_run import (
     sample_protocol,
     sample_records,
 )
-from reach_lens.rlvr.recipes import KINDS, checkpoint_path, default_recipe
+from reach_lens.rlvr.recipes import KINDS, base_name, checkpoint_path, default_recipe
 from reach_lens.rlvr.split import check_disjoint, split_questions
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
@@ -101,17 +101,16 @@ def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
     """The default recipes' checkpoints, trained here (saying so) when missing."""
     out = {}
     for kind in KINDS:
-        recipe = default_recipe(kind, task=args.task, fmt=args.fmt, salt=args.salt, audit_share=args.audit_share,
-                                precision=args.dtype)
+        recipe = default_recipe(kind, base=base_name(args.model), task=args.task, fmt=args.fmt, salt=args.salt,
+                                audit_share=args.audit_share, precision=args.dtype)
         path = checkpoint_path(recipe)
         if not (path / "reach_lens_training.json").exists():
             if args.no_train:
                 raise SystemExit(f"{kind} checkpoint {path} is missing and --no-train is set: run "
                                  f"python experiments/train_rlvr.py --recipe {kind} --task {args.task} --fmt {args.fmt}")
-            from reach_lens.models import embedded_checkpoint_dir
             from reach_lens.rlvr.train import train
 
-            base = Path(args.model) if args.model else embedded_checkpoint_dir()
+            base = Path(cli.local_checkpoint(args.model))
             if not (base / "config.json").exists():
                 raise SystemExit(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
                                  "directory; pass trained checkpoints with --checkpoints")

@@ -1,9 +1,11 @@
 """Answer-blind selection over route candidates and over temperature samples (the paper's Figure 3).
 
-    python experiments/selection.py                                  # embedded model x ARC-E, ARC-C, PIQA; n=15, K=32
+    python experiments/selection.py                                  # embedded model x SQuAD, ARC-Easy; n=50, K=32
     python experiments/selection.py --models embedded pruned --n 30 --temperatures 0.4 0.8 1.2
 
-Per question, two candidate sets of K answers, with the greedy answer (`probes.deploy`) as the deployed one:
+Per question, two candidate sets of K answers, with the greedy answer (`probes.deploy`) as the deployed one, both
+in one prompt format (`--fmt auto`: each task's own, zero-shot for short-answer tasks, whose few-shot block every
+route would recompute):
 - routes: the full path and K-1 distinct random routes of `--space` (`--random-routes`: geometric walks from
   the full path, or uniform over the space; the routing study's random search), greedy under each;
 - samples: K temperature samples (`probes.sample`, study seed: the sampling-gap study's samples) at each T.
@@ -36,11 +38,11 @@ from reach_lens.select import SELECTORS, majority_vote
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task
 
-MODELS, TASKS = ("embedded", "pruned"), ("arc_easy", "arc_challenge", "piqa")
+MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy")  # free-form beside multiple choice (and its floor)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parents = [cli.common(out="runs/selection", batch_size=32), cli.data(n=15, chunk=5, tasks=TASKS)]
+    parents = [cli.common(out="runs/selection", batch_size=32), cli.data(n=50, chunk=5, tasks=TASKS)]
     p = argparse.ArgumentParser(parents=parents, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["embedded"], choices=MODELS,

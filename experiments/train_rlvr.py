@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from reach_lens import cli, plots
-from reach_lens.rlvr.recipes import KINDS, checkpoints_root, default_recipe
+from reach_lens.rlvr.recipes import KINDS, base_name, checkpoints_root, default_recipe
 
 SAY = cli.say("train_rlvr")
 
@@ -31,7 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 parents=[cli.verbosity()])
     p.add_argument("--recipe", choices=(*KINDS, "all"), default="all", help="grpo, sft, or all (default: both)")
-    p.add_argument("--model", default=None, help="base HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--model", default=None,
+                   help="base model: an embedded one by name or a Hugging Face checkpoint directory (default: the "
+                        "embedded SmolLM2-135M-Instruct)")
     p.add_argument("--task", default="arc_easy", help="training task (its grader is the reward)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
     p.add_argument("--fmt", default="auto", choices=cli.FORMATS,
@@ -64,8 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--figures", type=Path, default=Path("figures"), help="where the training curves go")
     args = p.parse_args(argv)
     cli.check_output_dir(args.figures, "--figures")
-    if args.model is not None and not Path(args.model).is_dir():
-        p.error(f"--model {args.model!r} is not a Hugging Face checkpoint directory")
+    from reach_lens.models import EMBEDDED_MODELS
+
+    if args.model is not None and args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
+        p.error(f"--model {args.model!r} is neither an embedded model ({', '.join(EMBEDDED_MODELS)}) nor a Hugging "
+                "Face checkpoint directory")
     from reach_lens.tasks import TASK_NAMES
 
     for task in [args.task, *(args.reward_density or [])]:
@@ -77,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def recipes_of(args: argparse.Namespace) -> list:
-    changes = {"task": args.task, "fmt": args.fmt, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
+    changes = {"base": base_name(args.model), "task": args.task, "fmt": args.fmt, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
                "save_steps": args.save_steps, "precision": args.dtype}
     if args.full:
         changes["lora_r"] = None
@@ -144,10 +149,9 @@ def main(argv=None) -> int:
     from reach_lens.tasks import get_task
 
     args.fmt = cli.checkpoint_format(args.fmt, get_task(args.task), args.model, zero_shot=True)
-    from reach_lens.models import embedded_checkpoint_dir
     from reach_lens.rlvr.train import LOG, read_metadata, train
 
-    base = Path(args.model) if args.model else embedded_checkpoint_dir()
+    base = Path(cli.local_checkpoint(args.model))
     root = args.out or checkpoints_root()
     for recipe in recipes_of(args):
         started = time.time()

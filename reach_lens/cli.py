@@ -207,10 +207,18 @@ def checkpoint_format(fmt: str, task, checkpoint: str | Path | None, zero_shot: 
         return fmt
     from transformers import AutoTokenizer
 
-    from reach_lens.models import embedded_checkpoint_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint if checkpoint is not None else embedded_checkpoint_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(local_checkpoint(checkpoint)))
     return _zero_shot(fmt, task.resolve_format(fmt, tokenizer), zero_shot)
+
+
+def local_checkpoint(model: str | Path | None) -> Path | str:
+    """A model argument as something ``from_pretrained`` reads: an embedded model's name (None: the default) is its
+    checkpoint directory in the cache (made once), anything else is returned as given."""
+    from reach_lens.models import EMBEDDED_MODELS, embedded_checkpoint_dir
+
+    if model is None or str(model) in EMBEDDED_MODELS:
+        return embedded_checkpoint_dir(*(() if model is None else (str(model),)))
+    return model
 
 
 def _zero_shot(asked: str, chosen: str, zero_shot: bool) -> str:

@@ -307,3 +307,16 @@ def test_reward_density_counts_correct_samples_and_informative_groups(monkeypatc
     assert got["density"] == pytest.approx(8 / 16) and got["any_correct"] == pytest.approx(3 / 4)
     assert got["informative"] == pytest.approx(2 / 4)  # all-wrong and all-right groups carry no GRPO advantage
     assert (got["n"], got["K"], got["T"], got["task"]) == (4, 4, 0.8, "arc_easy")
+
+
+def test_recipes_of_two_base_models_never_share_a_checkpoint(tmp_path):
+    from reach_lens.rlvr.recipes import base_name, checkpoint_path, default_recipe
+
+    smol, gemma = (default_recipe("grpo", base=base_name(m), task="squad", fmt="shared")
+                   for m in (None, "gemma3-270m"))
+    assert smol.base == "smollm2-135m-instruct" and gemma.base == "gemma3-270m"
+    assert smol.name.startswith("grpo-smollm2-135m-instruct-squad-") and gemma.name.startswith("grpo-gemma3-270m-")
+    assert checkpoint_path(smol) != checkpoint_path(gemma)
+    (tmp_path / "my-base").mkdir()
+    assert base_name(tmp_path / "my-base") == str((tmp_path / "my-base").resolve())
+    assert default_recipe("sft", base=base_name(tmp_path / "my-base")).name.startswith("sft-my-base-arc_easy-")

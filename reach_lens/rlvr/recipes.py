@@ -2,7 +2,7 @@
 
     recipe = default_recipe("grpo")              # TRL GRPOTrainer, the task's grader as the reward, LoRA
     recipe = default_recipe("sft", steps=100)    # TRL SFTTrainer on gold answers, same split
-    recipe.name                                  # "grpo-arc_easy-lora16-250steps-s0-1a2b3c4d": its directory
+    recipe.name              # "grpo-smollm2-135m-instruct-arc_easy-lora16-150steps-s0-1a2b3c4d": its directory
 
 A recipe is a frozen, JSON-able value: its dict goes into the checkpoint's metadata, and its name (which
 carries a hash of every field) is the checkpoint's directory under ``cache_dir()/checkpoints/rlvr``, so
@@ -25,7 +25,8 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class Recipe:
-    """One training run of the embedded (or any local Llama/Qwen-family) checkpoint.
+    """One training run of a base model: ``base`` is an embedded model's name or a checkpoint directory (the one
+trained from; two bases never share a recipe, so never a checkpoint directory).
 
     ``lora_r`` None means full fine-tuning; otherwise LoRA of that rank on every linear layer, merged
     into the weights when saved. GRPO draws ``num_generations`` completions for each of
@@ -37,6 +38,7 @@ class Recipe:
     """
 
     kind: str
+    base: str = "smollm2-135m-instruct"
     task: str = "arc_easy"
     fmt: str = "native"
     salt: str = "rlvr"
@@ -95,7 +97,7 @@ class Recipe:
     @property
     def name(self) -> str:
         digest = hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()[:8]
-        return f"{self.kind}-{self.task}-{self.tuning}-{self.steps}steps-s{self.seed}-{digest}"
+        return f"{self.kind}-{Path(self.base).name}-{self.task}-{self.tuning}-{self.steps}steps-s{self.seed}-{digest}"
 
 
 DEFAULTS = {
@@ -112,6 +114,16 @@ def default_recipe(kind: str, **changes) -> Recipe:
     if kind not in KINDS:
         raise ValueError(f"recipe kind {kind!r} unknown; valid: {list(KINDS)}")
     return Recipe(kind=kind, **{**DEFAULTS[kind], **changes})
+
+
+def base_name(model: str | Path | None) -> str:
+    """A recipe's ``base`` for a model argument: an embedded model's name (the default one's for None), or a
+    checkpoint directory's resolved path."""
+    from reach_lens.models import EMBEDDED_MODELS, EMBEDDED_NAME
+
+    if model is None:
+        return EMBEDDED_NAME
+    return str(model) if str(model) in EMBEDDED_MODELS else str(Path(model).expanduser().resolve())
 
 
 def checkpoints_root() -> Path:
