@@ -1,7 +1,8 @@
 """Recognition-vs-generation census over (checkpoint, task) cells (the paper's Figure 4a).
 
     python experiments/census.py                                  # embedded model + pruned copies x ARC-E, ARC-C, PIQA
-    python experiments/census.py --logiqa-source ../shared/data/logiqa/Test.txt --n 200
+    python experiments/census.py --models smollm2-135m-instruct gemma3-270m   # both embedded models
+    python experiments/census.py --logiqa-source path/to/logiqa/Test.txt --n 200
 
 For each cell: recognition accuracy (gold option ranked first by option log-likelihood), direct-generation
 accuracy (greedy answer graded), and the count of questions meeting the failure criterion (recognition
@@ -31,6 +32,9 @@ TASKS = ("arc_easy", "arc_challenge", "piqa")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(parents=[cli.common(out="runs/census"), cli.data(n=100, chunk=64, tasks=TASKS)],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=[None], metavar="MODEL",
+                   help="models, each with its pruned copies (default: --model; e.g. smollm2-135m-instruct "
+                        "gemma3-270m for both embedded models)")
     p.add_argument("--sparsities", type=cli.share, nargs="*", default=[0.3, 0.5],
                    help="MLP magnitude-pruning sparsities for extra checkpoints (default 0.3 0.5)")
     p.add_argument("--logiqa-source", default=None, help="LogiQA file/dir/HF name: adds LogiQA cells")
@@ -51,38 +55,50 @@ def main(argv=None) -> int:
     cells = {t: (get_task(t), source, split) for t, (source, split) in sources.items()}
     cli.check_formats(args.fmt, [task for task, _, _ in cells.values()])
     questions = {t: cli.questions(task, source, split, args.n, args.seed) for t, (task, source, split) in cells.items()}
-    base = cli.load(args)
-    name = base.cfg.model_name
     rows, protocols = [], []
-    for sparsity in [0.0, *args.sparsities]:
-        model = base if sparsity == 0 else prune_magnitude(base, sparsity)
-        checkpoint = name if sparsity == 0 else f"{name}-mlp{sparsity:g}"
-        for t, (task, source, split) in cells.items():
-            qs, fmt = questions[t], cli.cell_format(args.fmt, task, model)
-            protocol = Protocol.of(study="census", model=model, task=task, questions=qs, source=source, split=split,
-                                   seed=args.seed, fmt=fmt, probe="screen",
-                                   settings={"recognition": args.recognition, "sparsity": sparsity})
-            protocols.append(protocol)
-            store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}-s{args.seed}", protocol)
-            screened = cli.resume(store, "screen", qs, args.chunk, lambda part, task=task, m=model, fmt=fmt: localize.screen(
-                m, task, part, fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
-            short = "base" if sparsity == 0 else f"mlp{sparsity:g}"
-            rows.append({"cell": f"{checkpoint} / {t}", "label": f"{short} / {t}", "checkpoint": checkpoint,
-                         "sparsity": sparsity, "task": t,
-                         **audit.census_cell(screened, args.min_failures)})
+    for base_name in args.models:
+        base = cli.load(args, base_name)
+        name = base.cfg.model_name
+        for sparsity in [0.0, *args.sparsities]:
+            rows += screen_checkpoint(base, name, sparsity, cells, questions, args, protocols)
+        del base
     table = pd.DataFrame(rows)
+    names = " and ".join(dict.fromkeys(table.checkpoint.str.replace(r"-mlp[0-9.]+$", "", regex=True)))
 
     out = cli.summary_dir(args.out, protocols)
     table.to_csv(out / "census.csv", index=False)
     table.to_parquet(out / "census.parquet", index=False)
-    cli.publish(args.figures, plots.plot_census(table, out / "census.png", title=f"Recognition vs generation, {name} "
-                                                f"and MLP-pruned copies (n = {args.n} per cell, {fmt} format)"))
+    cli.publish(args.figures, plots.plot_census(table, out / "census.png", title=f"Recognition vs generation, {names} "
+                                                f"and MLP-pruned copies (n = {args.n} per cell)"))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(table[["cell", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail", "n_healthy",
-                     "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
+        print(table[["cell", "fmt", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail",
+                     "n_healthy", "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"),
+              flush=True)
     say(f"{int(table.meets_criterion.sum())} of {len(table)} cells meet the criterion; {table.n_fail.sum()} failure "
         f"questions in all; {(time.time() - started) / 60:.1f} min; tables and figure in {out}, also in {args.figures}")
     return 0
+
+
+def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, protocols: list) -> list[dict]:
+    """The census rows of one checkpoint (``base`` pruned to ``sparsity``, or itself at 0) over every task cell,
+    screened resumably; appends the cells' protocols to ``protocols``."""
+    model = base if sparsity == 0 else prune_magnitude(base, sparsity)
+    checkpoint = name if sparsity == 0 else f"{name}-mlp{sparsity:g}"
+    rows = []
+    for t, (task, source, split) in cells.items():
+        qs, fmt = questions[t], cli.cell_format(args.fmt, task, model)
+        protocol = Protocol.of(study="census", model=model, task=task, questions=qs, source=source, split=split,
+                               seed=args.seed, fmt=fmt, probe="screen",
+                               settings={"recognition": args.recognition, "sparsity": sparsity})
+        protocols.append(protocol)
+        store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}-s{args.seed}", protocol)
+        screened = cli.resume(store, "screen", qs, args.chunk, lambda part, task=task, fmt=fmt: localize.screen(
+            model, task, part, fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
+        short = ("base" if sparsity == 0 else f"mlp{sparsity:g}") if len(args.models) == 1 else (
+            name if sparsity == 0 else f"{name} mlp{sparsity:g}")
+        rows.append({"cell": f"{checkpoint} / {t}", "label": f"{short} / {t}", "checkpoint": checkpoint,
+                     "sparsity": sparsity, "task": t, "fmt": fmt, **audit.census_cell(screened, args.min_failures)})
+    return rows
 
 
 if __name__ == "__main__":
