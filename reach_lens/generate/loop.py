@@ -5,9 +5,9 @@
   times as the route using it most). A row's route is a subsequence of the schedule; at a slot the row
   does not use, the block's output is discarded for that row (``where(keep, block(x), x)``), which makes the
   slot the identity, exactly. Each slot has its own KV entry, so a repeated layer keeps its own keys.
-- A row that ends frees its slot; the next waiting row whose route fits the schedule is prefilled (once
-  per prompt, for all its routes: ``prefill.Prefiller``) and written into it. When no waiting row fits,
-  the batch drains and the next one starts with a new schedule.
+- A row that ends frees its slot; the next waiting row whose route fits the schedule is prefilled (with the
+  next routes of its prompt, ``ROUTE_GROUP`` at a time: ``prefill.Prefiller``) and written into it. When no
+  waiting row fits, the batch drains and the next one starts with a new schedule.
 - Around every forward the rows' own positions are declared (``reach_lens.positions``), so positioned hooks
   act on each row's positions whatever its slot or the cache's padding.
 """
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from reach_lens.generate.types import Generation, Request
 from reach_lens.positions import row_positions
 
 FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
+ROUTE_GROUP = 32  # routes of one prompt prefilled together: their keys and values live until their rows start
 CPU = torch.device("cpu")  # bookkeeping (lengths, slots, keep masks, next tokens) lives on the host
 
 
@@ -114,11 +116,9 @@ class DecodeLoop:
         order = sorted(range(len(self.rows)), key=lambda i: (prompt_order[self.rows[i].request.prompt],
                                                              self.rows[i].route, i))
         self.waiting = order  # row ids in start order
-        self.routes_of: dict[Path, list[Path]] = {}
-        self.left: dict[Path, int] = {}
+        self.need: dict[Path, Counter[Path]] = {}  # rows still to start, per prompt and route
         for row in self.rows:
-            self.routes_of.setdefault(row.request.prompt, []).append(row.route)
-            self.left[row.request.prompt] = self.left.get(row.request.prompt, 0) + 1
+            self.need.setdefault(row.request.prompt, Counter())[row.route] += 1
         self.prefilled: dict[Path, dict[Path, Prefilled]] = {}
         self.capacity_extra = max(r.max_new_tokens for r in requests) + 1
         self.devices: list[torch.device] = []
@@ -126,14 +126,22 @@ class DecodeLoop:
     # ---- starting rows ------------------------------------------------------------------------
 
     def _prefill(self, row_id: int) -> Prefilled:
+        """The row's prefill: its route's, computed with the next routes of its prompt that rows will start
+        (at most ``ROUTE_GROUP`` at a time, sharing their first layers), and dropped once no row needs it."""
         row = self.rows[row_id]
-        prompt = row.request.prompt
-        if prompt not in self.prefilled:
-            self.prefilled[prompt] = self.prefiller(prompt, self.routes_of[prompt])
-        found = self.prefilled[prompt][row.route]
-        self.left[prompt] -= 1
-        if self.left[prompt] == 0:
-            del self.prefilled[prompt], self.routes_of[prompt]
+        prompt, route = row.request.prompt, row.route
+        done = self.prefilled.setdefault(prompt, {})
+        if route not in done:
+            upcoming = [self.rows[r].route for r in self.waiting if self.rows[r].request.prompt == prompt]
+            group = [r for r in dict.fromkeys([route, *upcoming]) if r not in done][:ROUTE_GROUP]
+            done.update(self.prefiller(prompt, group))
+        found = done[route]
+        need = self.need[prompt]
+        need[route] -= 1
+        if need[route] == 0:
+            del need[route], done[route]
+        if not need:
+            del self.need[prompt], self.prefilled[prompt]
         return found
 
     def _start(self, row_id: int) -> Prefilled:
