@@ -4,7 +4,7 @@
     model = load_model()                                  # the embedded SmolLM2-135M-Instruct
     task = get_task("arc_easy")
     questions = task.load()[:8]
-    greedy = deploy(model, task, questions, "native", hooks=hooks_for([Silence("mlp", 20)], model))
+    greedy = deploy(model, task, questions, "native", hooks=hooks_for([Silence(20, "mlp")], model))
 """
 
 __version__ = "0.2.0"

@@ -9,10 +9,13 @@ Hook points used (layer l): `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out
 and MLP add to the residual stream), `blocks.{l}.hook_resid_pre/post`, `blocks.{l}.mlp.hook_post`
 (MLP hidden units, [batch, pos, d_mlp]) and `blocks.{l}.attn.hook_attn_scores` (position probe).
 """
+import hashlib
 import math
 import operator
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Optional, Sequence, Union
 
 import numpy as np
@@ -222,8 +225,8 @@ def steer_hooks(
 
 
 def unit_hooks(model: HookedTransformer, layer: int, units: Sequence[int], mode: str = "keep",
-               scale: float = 0.0) -> Hooks:
-    """At `blocks.{layer}.mlp.hook_post`: keep only `units` (zero the rest), zero them, or scale them."""
+               factor: float = 0.0) -> Hooks:
+    """At `blocks.{layer}.mlp.hook_post`: keep only `units` (zero the rest), zero them, or scale them by `factor`."""
     check_layer(layer, model.cfg.n_layers)
     _choice("mode", mode, UNIT_MODES)
     d_mlp = model.cfg.d_mlp
@@ -232,9 +235,9 @@ def unit_hooks(model: HookedTransformer, layer: int, units: Sequence[int], mode:
         raise ValueError(f"unit {bad[0]} out of range for d_mlp={d_mlp} (0..{d_mlp - 1})")
     idx = list(units)
     device = model.blocks[layer].mlp.W_out.device
-    factor = torch.zeros(d_mlp, device=device) if mode == "keep" else torch.ones(d_mlp, device=device)
-    factor[idx] = {"keep": 1.0, "zero": 0.0, "scale": scale}[mode]
-    return [(f"blocks.{layer}.mlp.hook_post", lambda act, hook: act * factor.to(act))]
+    factors = torch.zeros(d_mlp, device=device) if mode == "keep" else torch.ones(d_mlp, device=device)
+    factors[idx] = {"keep": 1.0, "zero": 0.0, "scale": factor}[mode]
+    return [(f"blocks.{layer}.mlp.hook_post", lambda act, hook: act * factors.to(act))]
 
 
 # ---------------------------------------------------------------- unit selection
@@ -305,6 +308,12 @@ def is_skip_only(path: Sequence[int]) -> bool:
 
 
 # ---------------------------------------------------------------- serializable interventions
+#
+# One convention for every intervention: where first (the layer; for SAE latents, the hook the SAE is attached
+# at), then what (component, vector, units, latents), then the mode, then its number. Mode words: "zero"
+# (replace by zeros), "mean" (replace by a mean), "keep" (zero all others), "scale" (multiply by `factor`); Steer
+# adds `alpha * v`. Vectors are given as tensors (or arrays, or sequences) and recorded in protocols by their
+# content hash; the vectors themselves are saved beside the run (`RunStore`, `vectors/<sha256>.npy`).
 
 
 def _floats(x: Iterable[float]) -> tuple[float, ...]:
@@ -324,6 +333,128 @@ def _integers(name: str, values: Iterable) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _layer(kind: str, layer: object, new_spelling: str) -> int:
+    """The layer argument, an int; a string there is the old argument order, refused naming the new one."""
+    if isinstance(layer, str):
+        raise TypeError(f"{kind}({layer!r}, ...): the layer comes first now, e.g. {new_spelling}")
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+        raise TypeError(f"{kind}: layer {layer!r} must be an int")
+    return int(layer)
+
+
+@dataclass(frozen=True, eq=False)
+class Vector:
+    """A read-only float64 vector or matrix of an intervention, equal and hashed by content (``sha256`` of its
+    shape and bytes). ``Vector.of`` takes a tensor, an array or (nested) sequences of numbers."""
+
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, x: Union["Vector", Tensor, np.ndarray, Sequence]) -> "Vector":
+        if isinstance(x, Vector):
+            return x
+        if isinstance(x, Tensor):
+            x = x.detach().to("cpu", torch.float64).numpy()
+        values = np.array(x, dtype=np.float64)
+        if values.ndim not in (1, 2) or values.size == 0:
+            raise ValueError(f"a vector must be 1-d ([d_model]) or 2-d ([pos, d_model]) and non-empty, got shape "
+                             f"{values.shape}")
+        if not np.isfinite(values).all():
+            raise ValueError("non-finite value in the vector")
+        values.setflags(write=False)
+        return cls(values)
+
+    @property
+    def sha256(self) -> str:
+        digest = hashlib.sha256(repr(self.values.shape).encode())
+        digest.update(np.ascontiguousarray(self.values).tobytes())
+        return digest.hexdigest()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    def tensor(self, dtype: torch.dtype, device) -> Tensor:
+        return torch.tensor(self.values, dtype=dtype, device=device)
+
+    def to_dict(self) -> dict:
+        """What a protocol records: ``{"sha256", "shape"}`` (the values go to the run's ``vectors/``)."""
+        return {"sha256": self.sha256, "shape": list(self.shape)}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vector) and self.sha256 == other.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        return f"Vector(shape={self.shape}, sha256={self.sha256[:12]})"
+
+
+def _vector_from_dict(value, vectors: "Mapping[str, np.ndarray] | Path | str | None", where: str) -> Vector:
+    """A vector field of a stored intervention: ``{"sha256", "shape"}`` looked up in ``vectors`` (a mapping or a run's
+    ``vectors/`` directory), or the values themselves (records written before vectors were hashed)."""
+    if not isinstance(value, dict):
+        return Vector.of(value)
+    sha = value.get("sha256")
+    found = None
+    if isinstance(vectors, (str, Path)):
+        path = Path(vectors) / f"{sha}.npy"
+        found = np.load(path) if path.is_file() else None
+    elif vectors is not None:
+        found = vectors.get(sha)
+    if found is None:
+        raise ValueError(f"{where} is recorded by its hash sha256={sha}: pass vectors= (a mapping, or the run "
+                         "directory's vectors/ folder, which holds it)")
+    vector = Vector.of(found)
+    if vector.sha256 != sha:
+        raise ValueError(f"{where}: the vector found for sha256={sha} hashes to {vector.sha256}")
+    return vector
+
+
+_VECTOR_FIELDS = {"silence": ("mean",), "steer": ("v",)}
+
+
+class _Intervention:
+    """to_dict (JSON-able; vectors by hash) and from_dict for the frozen dataclasses below."""
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, Vector) else _jsonable(value)
+        return out
+
+    def vectors(self) -> dict[str, np.ndarray]:
+        """The vectors of this intervention by their sha256 (what ``to_dict`` records by hash)."""
+        return {v.sha256: v.values for f in fields(self) if isinstance(v := getattr(self, f.name), Vector)}
+
+    @classmethod
+    def from_dict(cls, d: dict, vectors: "Mapping[str, np.ndarray] | Path | str | None" = None):
+        if d.get("kind") != cls.kind:
+            raise ValueError(f"kind {d.get('kind')!r} is not {cls.kind!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names - {"kind"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)} for {cls.kind}; valid: {sorted(names)}"
+                             + _renamed(cls.kind, unknown))
+        values = {k: _tupled(v) for k, v in d.items() if k != "kind"}
+        for name in _VECTOR_FIELDS.get(cls.kind, ()):
+            if values.get(name) is not None:
+                values[name] = _vector_from_dict(d[name], vectors, f"{cls.kind}.{name}")
+        return cls(**values)
+
+
+_RENAMED = {("units", "scale"): "factor", ("latents", "alpha"): "factor"}
+
+
+def _renamed(kind: str, unknown: Iterable[str]) -> str:
+    hints = [f"{old!r} is now {_RENAMED[(kind, old)]!r}" for old in sorted(unknown) if (kind, old) in _RENAMED]
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
 def _jsonable(x):
     return [_jsonable(e) for e in x] if isinstance(x, tuple) else x
 
@@ -332,103 +463,101 @@ def _tupled(x):
     return tuple(_tupled(e) for e in x) if isinstance(x, list) else x
 
 
-class _Intervention:
-    """to_dict (JSON-able: tuples become lists) and from_dict for the frozen dataclasses below.
-
-    Vectors are stored as tuples of floats, so that a result file says exactly what was done;
-    build them from a tensor with `tuple(t.tolist())` ([pos, d_model]: `tuple(map(tuple, t.tolist()))`).
-    """
-
-    kind: ClassVar[str]
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, **{f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}}
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        if d.get("kind") != cls.kind:
-            raise ValueError(f"kind {d.get('kind')!r} is not {cls.kind!r}")
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names - {"kind"}
-        if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)} for {cls.kind}; valid: {sorted(names)}")
-        return cls(**{k: _tupled(v) for k, v in d.items() if k != "kind"})
-
-
 @dataclass(frozen=True)
 class Silence(_Intervention):
-    """Silence the "mlp", "attn" or whole "layer" output of `layer` (see silence_hooks)."""
+    """Silence what the "mlp", the "attn" or the whole "layer" of `layer` adds to the residual stream: replace it
+    by zeros (mode "zero") or by `mean` (mode "mean": [d_model], or [pos, d_model] by absolute position); see
+    silence_hooks."""
 
-    component: str
     layer: int
+    component: str = "mlp"
     mode: str = "zero"
-    mean: Union[tuple[float, ...], tuple[tuple[float, ...], ...], None] = None
+    mean: Optional[Vector] = None
     kind: ClassVar[str] = "silence"
 
     def __post_init__(self):
+        # Silence("mlp", 20), the old order, arrives here as layer "mlp" and component 20
+        object.__setattr__(self, "layer", _layer("Silence", self.layer, f"Silence({self.component!r}, {self.layer!r})"))
         _choice("component", self.component, tuple(COMPONENT_HOOKS))
         _choice("mode", self.mode, SILENCE_MODES)
         if self.mean is not None:
-            nested = len(self.mean) > 0 and isinstance(self.mean[0], (tuple, list))
-            object.__setattr__(self, "mean", tuple(map(_floats, self.mean)) if nested else _floats(self.mean))
+            object.__setattr__(self, "mean", Vector.of(self.mean))
 
     def hooks(self, model: HookedTransformer) -> Hooks:
-        mean = None if self.mean is None else torch.tensor(self.mean, dtype=model.cfg.dtype, device=model.cfg.device)
+        mean = None if self.mean is None else self.mean.tensor(model.cfg.dtype, model.cfg.device)
         return silence_hooks(model, self.layer, self.component, self.mode, mean)
 
 
 @dataclass(frozen=True)
 class Steer(_Intervention):
-    """Add `alpha * v` at `blocks.{layer}.hook_{hook}` (see steer_hooks)."""
+    """Add `alpha * v` at `blocks.{layer}.hook_{hook}`, at every position or at `positions` (see steer_hooks);
+    `v` is a [d_model] tensor (or array, or sequence)."""
 
     layer: int
-    v: tuple[float, ...]
+    v: Vector
     alpha: float
     hook: str = "mlp_out"
     positions: Optional[tuple[int, ...]] = None
     kind: ClassVar[str] = "steer"
 
     def __post_init__(self):
+        object.__setattr__(self, "layer", _layer("Steer", self.layer, "Steer(12, v, -4.0)"))
         _choice("hook", self.hook, STEER_HOOKS)
-        object.__setattr__(self, "v", _floats(self.v))
+        object.__setattr__(self, "v", Vector.of(self.v))
+        if len(self.v.shape) != 1:
+            raise ValueError(f"Steer: v of shape {self.v.shape}; expected one [d_model] vector")
         object.__setattr__(self, "alpha", _floats([self.alpha])[0])
         if self.positions is not None:
             object.__setattr__(self, "positions", _integers("positions", self.positions))
 
     def hooks(self, model: HookedTransformer) -> Hooks:
-        v = torch.tensor(self.v, dtype=model.cfg.dtype, device=model.cfg.device)
-        return steer_hooks(model, self.layer, v, self.alpha, self.hook, self.positions)
+        return steer_hooks(model, self.layer, self.v.tensor(model.cfg.dtype, model.cfg.device), self.alpha, self.hook,
+                           self.positions)
 
 
-@dataclass(frozen=True)
+_UNSET = object()
+
+
+@dataclass(frozen=True, init=False)
 class Units(_Intervention):
-    """Keep, zero or scale MLP hidden units of `layer` (see unit_hooks); `scale` is for mode "scale"."""
+    """MLP hidden units of `layer`: keep only them (mode "keep": zero all others), zero them ("zero") or multiply
+    them by `factor` ("scale"); see unit_hooks."""
 
     layer: int
     units: tuple[int, ...]
     mode: str = "keep"
-    scale: float = 0.0
+    factor: float = 0.0
     kind: ClassVar[str] = "units"
 
-    def __post_init__(self):
-        _choice("mode", self.mode, UNIT_MODES)
-        object.__setattr__(self, "units", _integers("units", self.units))
-        object.__setattr__(self, "scale", _floats([self.scale])[0])
-        if self.mode != "scale" and self.scale != 0.0:
-            raise ValueError(f"scale={self.scale} is only used with mode 'scale', not {self.mode!r}")
+    def __init__(self, layer: int, units: Iterable[int], mode: str = "keep", factor: float = 0.0, *,
+                 scale: object = _UNSET):
+        if scale is not _UNSET:
+            raise TypeError("Units(scale=...) is now Units(factor=...): mode 'scale' multiplies the units by factor")
+        put = object.__setattr__
+        put(self, "layer", _layer("Units", layer, "Units(12, (5, 17), 'zero')"))
+        _choice("mode", mode, UNIT_MODES)
+        put(self, "units", _integers("units", units))
+        put(self, "mode", mode)
+        put(self, "factor", _floats([factor])[0])
+        if mode != "scale" and self.factor != 0.0:
+            raise ValueError(f"factor={self.factor} is only used with mode 'scale', not {mode!r}")
 
     def hooks(self, model: HookedTransformer) -> Hooks:
-        return unit_hooks(model, self.layer, self.units, self.mode, self.scale)
+        return unit_hooks(model, self.layer, self.units, self.mode, self.factor)
 
 
-@dataclass(frozen=True)
+LATENT_MODES = ("zero", "scale")
+_OLD_LATENT_MODES = {"silence": "zero", "steer": "scale (with factor=)"}
+
+
+@dataclass(frozen=True, init=False)
 class Latents(_Intervention):
-    """Silence SAE latents, or scale them by `alpha` (mode "steer"), at the latent activations
+    """Zero SAE latents (mode "zero"), or multiply them by `factor` (mode "scale"), at the latent activations
     (`hook_sae_acts_post`) of the SAE that a SAELens `HookedSAETransformer` has attached at `layer_hook`
     (the SAE's `cfg.metadata.hook_name`, e.g. "blocks.3.hook_mlp_out"; for a transcoder, its input hook).
 
-    The hook acts between the SAE's encoder and decoder: latent i then writes `alpha * a_i * W_dec[i]` (nothing
-    when silenced) instead of `a_i * W_dec[i]`, and no other latent changes (a TopK SAE has chosen its latents
+    The hook acts between the SAE's encoder and decoder: latent i then writes `factor * a_i * W_dec[i]` (nothing
+    when zeroed) instead of `a_i * W_dec[i]`, and no other latent changes (a TopK SAE has chosen its latents
     before the hook). With the SAE attached with `use_error_term=True`, SAELens adds the error of the unhooked
     reconstruction, so what flows on changes by exactly those latents' change. Latent ids are checked against
     the SAE's `d_sae` when the hooks are built (`reach_lens.sae` loads and attaches SAEs).
@@ -436,35 +565,44 @@ class Latents(_Intervention):
 
     layer_hook: str
     latent_ids: tuple[int, ...]
-    mode: str = "silence"
-    alpha: Optional[float] = None
+    mode: str = "zero"
+    factor: Optional[float] = None
     kind: ClassVar[str] = "latents"
-    modes: ClassVar[tuple[str, ...]] = ("silence", "steer")
+    modes: ClassVar[tuple[str, ...]] = LATENT_MODES
 
-    def __post_init__(self):
-        if not isinstance(self.layer_hook, str) or not self.layer_hook:
-            raise ValueError(f"layer_hook {self.layer_hook!r}: expected the hook an SAE is attached at, "
+    def __init__(self, layer_hook: str, latent_ids: Iterable[int], mode: str = "zero",
+                 factor: Optional[float] = None, *, alpha: object = _UNSET):
+        if alpha is not _UNSET:
+            raise TypeError("Latents(alpha=...) is now Latents(mode='scale', factor=...)")
+        if mode in _OLD_LATENT_MODES:
+            raise ValueError(f"Latents mode {mode!r} is now {_OLD_LATENT_MODES[mode]!r}")
+        put = object.__setattr__
+        if not isinstance(layer_hook, str) or not layer_hook:
+            raise ValueError(f"layer_hook {layer_hook!r}: expected the hook an SAE is attached at, "
                              "e.g. 'blocks.3.hook_mlp_out'")
-        if ".hook_sae_" in self.layer_hook:
-            raise ValueError(f"layer_hook {self.layer_hook!r} names one of the SAE's own hook points; pass the hook "
-                             f"the SAE is attached at: {self.layer_hook.split('.hook_sae_')[0]!r}")
-        if isinstance(self.latent_ids, (str, bytes)) or not isinstance(self.latent_ids, Iterable):
-            raise ValueError(f"latent_ids must be a sequence of integers, got {self.latent_ids!r}")
-        ids = _integers("latent_ids", self.latent_ids)
+        if ".hook_sae_" in layer_hook:
+            raise ValueError(f"layer_hook {layer_hook!r} names one of the SAE's own hook points; pass the hook "
+                             f"the SAE is attached at: {layer_hook.split('.hook_sae_')[0]!r}")
+        if isinstance(latent_ids, (str, bytes)) or not isinstance(latent_ids, Iterable):
+            raise ValueError(f"latent_ids must be a sequence of integers, got {latent_ids!r}")
+        ids = _integers("latent_ids", latent_ids)
         if not ids:
             raise ValueError("latent_ids is empty: name at least one latent")
         negative = [i for i in ids if i < 0]
         if negative:
             raise ValueError(f"latent id {negative[0]} out of range: latent ids are >= 0")
-        object.__setattr__(self, "latent_ids", ids)
-        _choice("mode", self.mode, self.modes)
-        if self.mode == "silence" and self.alpha is not None:
-            raise ValueError(f"alpha={self.alpha!r} is only used with mode 'steer' (mode 'silence' zeroes the latents)")
-        if self.mode == "steer":
-            if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float, np.number)):
-                raise ValueError(f"mode 'steer' needs a number alpha (the factor on the latents' activations), "
-                                 f"got {self.alpha!r}")
-            object.__setattr__(self, "alpha", _floats([self.alpha])[0])
+        _choice("mode", mode, self.modes)
+        if mode == "zero" and factor is not None:
+            raise ValueError(f"factor={factor!r} is only used with mode 'scale' (mode 'zero' zeroes the latents)")
+        if mode == "scale":
+            if isinstance(factor, bool) or not isinstance(factor, (int, float, np.number)):
+                raise ValueError(f"mode 'scale' needs a number factor (the factor on the latents' activations), "
+                                 f"got {factor!r}")
+            factor = _floats([factor])[0]
+        put(self, "layer_hook", layer_hook)
+        put(self, "latent_ids", ids)
+        put(self, "mode", mode)
+        put(self, "factor", factor)
 
     def hooks(self, model: HookedTransformer) -> Hooks:
         saes = getattr(model, "acts_to_saes", None)  # sae_lens.HookedSAETransformer: {hook name: SAE}
@@ -480,10 +618,10 @@ class Latents(_Intervention):
         if bad:
             raise ValueError(f"latent id {bad[0]} out of range for the SAE at {self.layer_hook!r} with "
                              f"d_sae={d_sae} (0..{d_sae - 1})")
-        factor = torch.ones(d_sae)
-        factor[list(self.latent_ids)] = 0.0 if self.mode == "silence" else self.alpha
+        factors = torch.ones(d_sae)
+        factors[list(self.latent_ids)] = 0.0 if self.mode == "zero" else self.factor
         name = f"{sae.cfg.metadata.hook_name_out or self.layer_hook}.hook_sae_acts_post"
-        return [(name, lambda act, hook: act * factor.to(act))]
+        return [(name, lambda act, hook: act * factors.to(act))]
 
 
 @dataclass(frozen=True)
@@ -510,12 +648,13 @@ Intervention = Union[Silence, Steer, Units, Latents, Route]
 KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Latents, Route)}
 
 
-def intervention_from_dict(d: dict) -> Intervention:
-    """Rebuild any intervention from its `to_dict()`, dispatching on d["kind"]."""
+def intervention_from_dict(d: dict, vectors: Mapping[str, np.ndarray] | Path | str | None = None) -> Intervention:
+    """Rebuild any intervention from its `to_dict()`, dispatching on d["kind"]; vectors recorded by hash are read
+    from ``vectors`` (a mapping by sha256, or a run directory's ``vectors/`` folder)."""
     kind = d.get("kind")
     if kind not in KINDS:
         raise ValueError(f"unknown intervention kind {kind!r}; valid: {', '.join(map(repr, KINDS))}")
-    return KINDS[kind].from_dict(d)
+    return KINDS[kind].from_dict(d, vectors)
 
 
 def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer) -> Hooks:
@@ -525,7 +664,7 @@ def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer) -
 
 def through_saes(hooks: Hooks, model: HookedTransformer) -> Hooks:
     """`hooks` with each hook point that an attached SAELens SAE occupies renamed to that SAE's `hook_sae_output`
-    (what flows on from there), so e.g. `Silence("mlp", 3)` still zeroes what the MLP of layer 3 adds when an SAE
+    (what flows on from there), so e.g. `Silence(3, "mlp")` still zeroes what the MLP of layer 3 adds when an SAE
     sits at `blocks.3.hook_mlp_out` (TransformerLens refuses hooks on the SAE's module itself). Other hooks, and
     every hook on a model without SAEs, are returned unchanged."""
     saes = getattr(model, "acts_to_saes", {})

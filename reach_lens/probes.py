@@ -3,7 +3,7 @@ layer routes), recognize (multiple-choice likelihood). Every probe runs on one g
 (``reach_lens.generate``), under any list of hooks scoped to the call; ``model`` is a ``HookedTransformer``
 (its engine is made once and kept) or an ``Engine``.
 
-    rows = deploy(model, task, questions, "native", hooks=Silence("mlp", 12).hooks(model))
+    rows = deploy(model, task, questions, "native", hooks=Silence(12, "mlp").hooks(model))
     cands = sample(model, task, questions, "native", K=16, temperature=0.8, seed=0)
     routed = route(model, task, questions, "native", [[(0, 1, 1, 2, ...), ...], ...])   # routes per question
     recog = recognize(model, task, questions)          # one DataFrame row per question

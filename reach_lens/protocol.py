@@ -147,7 +147,8 @@ class Protocol:
       not say of the prompt (``task.prompt_spec(fmt)``: a few-shot block's source and hash), or None.
     - ``probe``: one of ``PROBES``; ``"sample"`` and ``"route"`` need ``K``; ``"deploy"``, ``"recognize"`` and
       ``"screen"`` are greedy (temperature 0, no K).
-    - ``interventions``: their ``to_dict()``; ``settings``: study-specific parameters (JSON, part of the match).
+    - ``interventions``: their ``to_dict()`` (vectors by their sha256: ``vectors`` holds the values, which a run store
+      saves beside the run); ``settings``: study-specific parameters (JSON, part of the match).
     - ``version`` and ``commit`` default to this checkout's; ``commit`` is reported, never matched.
     - ``libraries``: the versions of torch, transformers and transformer-lens (``library_versions``; with SAELens
       or vLLM when a run uses them). They are matched: rows computed under other library versions are refused by
@@ -222,13 +223,15 @@ class Protocol:
         items = self.interventions
         if isinstance(items, (str, Mapping)) or not isinstance(items, Sequence):
             raise TypeError(f"interventions {items!r:.200} must be a sequence of intervention dicts (their to_dict())")
-        dicts = []
+        dicts, vectors = [], {}
         for i, item in enumerate(items):
+            vectors.update(item.vectors() if hasattr(item, "vectors") else {})
             item = item.to_dict() if hasattr(item, "to_dict") else item
             if not isinstance(item, Mapping):
                 raise TypeError(f"interventions[{i}] {item!r:.200} must be a dict (an intervention's to_dict())")
             dicts.append(_jsonable(f"interventions[{i}]", dict(item)))
         put(self, "interventions", tuple(dicts))
+        put(self, "_vectors", vectors)
         if not isinstance(self.settings, Mapping):
             raise TypeError(f"settings {self.settings!r:.200} must be a dict of study-specific parameters")
         bad_keys = [k for k in self.settings if not isinstance(k, str)]
@@ -274,9 +277,18 @@ class Protocol:
             libraries=library_versions(_extra_libraries(facts, model)),
         )
 
+    @property
+    def vectors(self) -> dict:
+        """The vectors of the interventions this protocol was made with, by the sha256 its records carry (a run
+        store saves them beside the run); empty for a protocol read back from JSON."""
+        return dict(self._vectors)
+
     def replace(self, **changes: Any) -> Protocol:
-        """A copy with ``changes`` (validated like a new protocol)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (validated like a new protocol); the interventions' vectors come along."""
+        new = dataclasses.replace(self, **changes)
+        if "interventions" not in changes:
+            object.__setattr__(new, "_vectors", dict(self._vectors))
+        return new
 
     # ---- serialization -----------------------------------------------------------------------
 

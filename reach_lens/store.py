@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from reach_lens.errors import UserError
 from reach_lens.protocol import Protocol, canonical_json
 
+VECTORS = "vectors"  # the directory of a run's intervention vectors, by content hash
 SCHEMA = "reach_lens.run/1"
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _PART = re.compile(r"^part-(\d{6,})\.parquet$")
@@ -77,6 +79,11 @@ def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
+def _save_npy(path: Path, values: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, values)
+
+
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
     """Scalar columns keep their dtypes; strings, nulls and nested columns become Python objects (None stays None)."""
     cols = {}
@@ -114,6 +121,20 @@ class RunStore:
             text = json.dumps({"schema": SCHEMA, "fingerprint": self.fingerprint, "protocol": protocol.to_dict()},
                               sort_keys=True, indent=2, ensure_ascii=False)
             _write_atomic(path, lambda p: p.write_text(text + "\n"))
+        self._save_vectors(protocol.vectors)
+
+    @property
+    def vectors_dir(self) -> Path:
+        """``<root>/vectors``: the interventions' vectors the protocol records by hash, as ``<sha256>.npy``
+        (``hooks.intervention_from_dict(d, vectors=store.vectors_dir)`` rebuilds an intervention)."""
+        return self.root / VECTORS
+
+    def _save_vectors(self, vectors: dict[str, np.ndarray]) -> None:
+        for sha, values in vectors.items():
+            path = self.vectors_dir / f"{sha}.npy"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomic(path, lambda p, values=values: _save_npy(p, values))
 
     def _stored(self, path: Path) -> Protocol:
         """The protocol of an existing run directory; refuses earlier formats and edited files."""

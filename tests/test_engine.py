@@ -155,7 +155,7 @@ def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alon
         # prefill positions, counted from each prompt's end, and decode positions beyond the shortest prompts
         "steer_last_prompt": [Steer(2, tuple(v.tolist()), 10.0, positions=(-1,))],
         "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, hook="resid_pre", positions=(6, 9, 21))],
-        "silence_mean": [Silence("mlp", 2, mode="mean", mean=tuple(map(tuple, mean.tolist())))],
+        "silence_mean": [Silence(2, "mlp", mode="mean", mean=tuple(map(tuple, mean.tolist())))],
     }
     engine = engine_for(model)
     for name, ivs in interventions.items():

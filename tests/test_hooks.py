@@ -111,19 +111,19 @@ def test_empty_intervention_list_is_the_plain_forward(model, tokens):
 @pytest.mark.parametrize("layer", [0, 2, 3])
 def test_silencing_mlp_equals_forward_without_that_mlp(model, tokens, layer):
     expected = manual_forward(model, tokens, drop_mlp=layer)
-    got = run(model, tokens, [Silence("mlp", layer)])
+    got = run(model, tokens, [Silence(layer, "mlp")])
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert (got - run(model, tokens)).abs().max() > 1e-2
 
 
 def test_silencing_attention_equals_forward_without_that_attention(model, tokens):
     expected = manual_forward(model, tokens, drop_attn=1)
-    torch.testing.assert_close(run(model, tokens, [Silence("attn", 1)]), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(run(model, tokens, [Silence(1, "attn")]), expected, atol=1e-5, rtol=0)
 
 
 def test_silencing_a_layer_is_silencing_both_components(model, tokens):
-    both = run(model, tokens, [Silence("attn", 2), Silence("mlp", 2)])
-    assert torch.equal(run(model, tokens, [Silence("layer", 2)]), both)
+    both = run(model, tokens, [Silence(2, "attn"), Silence(2, "mlp")])
+    assert torch.equal(run(model, tokens, [Silence(2, "layer")]), both)
     assert torch.equal(run(model, tokens, [Route((0, 1, 3))]), both)
 
 
@@ -131,18 +131,18 @@ def test_mean_silencing_writes_the_mean(model, tokens):
     mean = torch.randn(model.cfg.d_model)
     seen = {}
     record = lambda act, hook: seen.setdefault("out", act.clone())
-    with torch.no_grad(), model.hooks(fwd_hooks=Silence("mlp", 1, "mean", mean=as_tuple(mean)).hooks(model)
+    with torch.no_grad(), model.hooks(fwd_hooks=Silence(1, "mlp", "mean", mean=as_tuple(mean)).hooks(model)
                                       + [("blocks.1.hook_mlp_out", record)]):
         model(tokens)
     assert torch.equal(seen["out"], mean.expand(3, P, -1))
     per_pos = mean.expand(P, -1)
-    assert torch.equal(run(model, tokens, [Silence("mlp", 1, "mean", mean=as_tuple(per_pos))]),
-                       run(model, tokens, [Silence("mlp", 1, "mean", mean=as_tuple(mean))]))
+    assert torch.equal(run(model, tokens, [Silence(1, "mlp", "mean", mean=as_tuple(per_pos))]),
+                       run(model, tokens, [Silence(1, "mlp", "mean", mean=as_tuple(mean))]))
 
 
 def test_per_position_mean_is_exact_under_kv_cache(model, tokens):
     mean = torch.randn(P + 4, model.cfg.d_model, generator=torch.Generator().manual_seed(3))
-    ivs = [Silence("attn", 1, "mean", mean=as_tuple(mean))]
+    ivs = [Silence(1, "attn", "mean", mean=as_tuple(mean))]
     cached, cached_logits = greedy_cached(model, tokens, 4, ivs)
     full, full_logits = greedy_full(model, tokens, 4, ivs)
     assert torch.equal(cached, full)
@@ -233,8 +233,8 @@ def test_zeroing_all_units_is_silencing_the_mlp_up_to_its_bias(biased_model, tok
     all_units = tuple(range(m.cfg.d_mlp))
     b_out = m.blocks[2].mlp.b_out.detach()
     zeroed = run(m, tokens, [Units(2, all_units, "zero")])
-    torch.testing.assert_close(zeroed, run(m, tokens, [Silence("mlp", 2, "mean", mean=as_tuple(b_out))]), atol=1e-5, rtol=0)
-    assert (zeroed - run(m, tokens, [Silence("mlp", 2)])).abs().max() > 1e-2  # the bias matters here
+    torch.testing.assert_close(zeroed, run(m, tokens, [Silence(2, "mlp", "mean", mean=as_tuple(b_out))]), atol=1e-5, rtol=0)
+    assert (zeroed - run(m, tokens, [Silence(2, "mlp")])).abs().max() > 1e-2  # the bias matters here
     assert torch.equal(run(m, tokens, [Units(2, (), "keep")]), zeroed)
 
 
@@ -309,8 +309,8 @@ def assert_no_hooks(model):
 
 
 def test_hooks_never_leak(model, tokens):
-    ivs = [Silence("layer", 0), Steer(1, direction(model), 2.0, "resid_pre", (-1,)), Units(2, (1, 2), "zero"),
-           Route((0, 2, 3)), Silence("mlp", 3, "mean", mean=tuple([0.5] * model.cfg.d_model))]
+    ivs = [Silence(0, "layer"), Steer(1, direction(model), 2.0, "resid_pre", (-1,)), Units(2, (1, 2), "zero"),
+           Route((0, 2, 3)), Silence(3, "mlp", "mean", mean=tuple([0.5] * model.cfg.d_model))]
     with pytest.raises(KeyError):
         with model.hooks(fwd_hooks=hooks_for(ivs, model)):
             model(tokens)
@@ -334,7 +334,7 @@ interventions = st.one_of(
     st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
               mode=st.sampled_from(["keep", "zero"])),
     st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
-              mode=st.just("scale"), scale=floats),
+              mode=st.just("scale"), factor=floats),
     st.builds(Route, path=st.lists(st.integers(0, 80), min_size=1, max_size=10).map(tuple)),
 )
 
@@ -342,24 +342,65 @@ interventions = st.one_of(
 @given(iv=interventions)
 def test_interventions_round_trip(iv):
     d = iv.to_dict()
-    assert type(iv).from_dict(d) == iv
-    assert intervention_from_dict(json.loads(json.dumps(d))) == iv
+    assert type(iv).from_dict(d, iv.vectors()) == iv
+    assert intervention_from_dict(json.loads(json.dumps(d)), iv.vectors()) == iv
 
 
-def test_to_dict_is_plain_json():
-    assert Steer(1, (0.5, -1.0), 2.0, positions=(-1,)).to_dict() == {
-        "kind": "steer", "layer": 1, "v": [0.5, -1.0], "alpha": 2.0, "hook": "mlp_out", "positions": [-1]}
-    assert Silence("mlp", 0, "mean", mean=as_tuple(torch.ones(2, 3))).to_dict() == {
-        "kind": "silence", "component": "mlp", "layer": 0, "mode": "mean", "mean": [[1.0] * 3] * 2}
-    assert Units(3, (4, 1), "scale", 0.5).to_dict() == {"kind": "units", "layer": 3, "units": [4, 1], "mode": "scale", "scale": 0.5}
+def test_to_dict_is_plain_json_with_vectors_by_content_hash(tmp_path):
+    from reach_lens.hooks import Vector
+    from reach_lens.protocol import Protocol, question_set_hash
+    from reach_lens.store import RunStore
+    from reach_lens.tasks import Question
+
+    v = torch.tensor([0.5, -1.0])
+    steer = Steer(1, v, 2.0, positions=(-1,))
+    sha = Vector.of(v).sha256
+    assert steer.to_dict() == {"kind": "steer", "layer": 1, "v": {"sha256": sha, "shape": [2]}, "alpha": 2.0,
+                               "hook": "mlp_out", "positions": [-1]}
+    assert steer == Steer(1, (0.5, -1.0), 2.0, positions=(-1,)) == Steer(1, v.double().numpy(), 2.0, positions=(-1,))
+    assert Steer(1, v + 1e-6, 2.0, positions=(-1,)) != steer  # another vector, another hash
+    mean = Silence(0, "mlp", "mean", mean=torch.ones(2, 3))
+    assert mean.to_dict()["mean"] == {"sha256": Vector.of(torch.ones(2, 3)).sha256, "shape": [2, 3]}
+    assert Units(3, (4, 1), "scale", 0.5).to_dict() == {"kind": "units", "layer": 3, "units": [4, 1], "mode": "scale",
+                                                        "factor": 0.5}
     assert Route((0, 2)).to_dict() == {"kind": "route", "path": [0, 2]}
+    with pytest.raises(ValueError, match=f"steer.v is recorded by its hash sha256={sha}: pass vectors="):
+        intervention_from_dict(steer.to_dict())
+    # a run stores the vectors its protocol records by hash, and they rebuild the intervention
+    qs = [Question("q", "x", "1")]
+    protocol = Protocol(study="t", model="m", weights="w" * 16, task="t", source=None, split=None,
+                        questions=question_set_hash(qs), n=1, seed=0, fmt="native", grader="g/1", probe="deploy",
+                        K=None, temperature=0.0, max_new_tokens=4, stop_strings=(), interventions=(steer, mean))
+    store = RunStore(tmp_path / "run", protocol.replace(seed=1))  # the vectors come along with replace
+    assert sorted(p.name for p in store.vectors_dir.iterdir()) == sorted(f"{h}.npy" for h in (sha, mean.mean.sha256))
+    assert [intervention_from_dict(d, store.vectors_dir) for d in protocol.interventions] == [steer, mean]
+    assert intervention_from_dict({**steer.to_dict(), "v": [0.5, -1.0]}) == steer  # records of plain lists still read
+
+
+def test_old_spellings_are_refused_naming_the_new_one():
+    from reach_lens.hooks import Latents
+
+    with pytest.raises(TypeError, match=r"Silence\('mlp', \.\.\.\): the layer comes first now, e\.g\. Silence\(20, 'mlp'\)"):
+        Silence("mlp", 20)
+    with pytest.raises(TypeError, match="the layer comes first"):
+        Steer("mlp_out", 3, 1.0)
+    with pytest.raises(TypeError, match=r"Units\(scale=\.\.\.\) is now Units\(factor=\.\.\.\)"):
+        Units(2, (1,), "scale", scale=2.0)
+    with pytest.raises(ValueError, match="Latents mode 'silence' is now 'zero'"):
+        Latents("blocks.1.hook_mlp_out", (1,), "silence")
+    with pytest.raises(ValueError, match="Latents mode 'steer' is now 'scale"):
+        Latents("blocks.1.hook_mlp_out", (1,), "steer", 2.0)
+    with pytest.raises(TypeError, match=r"Latents\(alpha=\.\.\.\) is now Latents\(mode='scale', factor=\.\.\.\)"):
+        Latents("blocks.1.hook_mlp_out", (1,), alpha=2.0)
+    with pytest.raises(ValueError, match="'scale' is now 'factor'"):
+        intervention_from_dict({"kind": "units", "layer": 1, "units": [1], "mode": "scale", "scale": 2.0})
 
 
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda m: Silence("ffn", 0), "unknown component 'ffn'"),
-        (lambda m: Silence("mlp", 4).hooks(m), r"layer 4 out of range for a 4-layer model \(0..3\)"),
+        (lambda m: Silence(0, "ffn"), "unknown component 'ffn'"),
+        (lambda m: Silence(4, "mlp").hooks(m), r"layer 4 out of range for a 4-layer model \(0..3\)"),
         (lambda m: Steer(-1, direction(m), 1.0).hooks(m), "layer -1 out of range"),
         (lambda m: Steer(0, (1.0, 2.0), 1.0).hooks(m), r"shape \(2,\); expected \(32,\)"),
         (lambda m: Steer(0, direction(m), 1.0, "resid_mid"), "unknown hook 'resid_mid'"),
@@ -369,10 +410,10 @@ def test_to_dict_is_plain_json():
         (lambda m: Units(0, (1,), "drop"), "unknown mode 'drop'"),
         (lambda m: Units(1, (1.5,)), r"units must be integers, got 1.5 \(float\)"),
         (lambda m: Units(1, (True,)), r"units must be integers, got True \(bool\)"),
-        (lambda m: Units(0, (1,), "zero", scale=2.0), "scale=2.0 is only used with mode 'scale'"),
-        (lambda m: Silence("layer", 0, "mean", mean=(0.0,) * 32).hooks(m), "one component"),
-        (lambda m: Silence("mlp", 0, "mean", mean=(0.0,) * 5).hooks(m), r"shape \(5,\)"),
-        (lambda m: Silence("mlp", 0, "zero", mean=(0.0,) * 32).hooks(m), "takes no mean"),
+        (lambda m: Units(0, (1,), "zero", factor=2.0), "factor=2.0 is only used with mode 'scale'"),
+        (lambda m: Silence(0, "layer", "mean", mean=(0.0,) * 32).hooks(m), "one component"),
+        (lambda m: Silence(0, "mlp", "mean", mean=(0.0,) * 5).hooks(m), r"shape \(5,\)"),
+        (lambda m: Silence(0, "mlp", "zero", mean=(0.0,) * 32).hooks(m), "takes no mean"),
         (lambda m: Route((0, 9)).hooks(m), "has layer 9, out of range"),
         (lambda m: Route((2, 1)).hooks(m), "repeats or reorders layers"),
         (lambda m: intervention_from_dict({"kind": "prune"}), "unknown intervention kind 'prune'"),

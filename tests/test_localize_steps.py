@@ -82,10 +82,10 @@ def test_the_layer_and_runner_ups_are_chosen_on_calibration_and_reported_on_eval
 
 def test_a_resumed_condition_is_not_recomputed(tmp_path, tiny_model):
     conditions = scripted(tmp_path, tiny_model, silencing_script)
-    conditions.run("silence-mlp-2", [Silence("mlp", 2)], "calibration")
+    conditions.run("silence-mlp-2", [Silence(2, "mlp")], "calibration")
     again = scripted(tmp_path, tiny_model, silencing_script)  # a new process reading the same store
-    again.run("silence-mlp-2", [Silence("mlp", 2)], "calibration")
-    again.run("silence-mlp-2", [Silence("mlp", 2)], "evaluation", panels=("failure",))
+    again.run("silence-mlp-2", [Silence(2, "mlp")], "calibration")
+    again.run("silence-mlp-2", [Silence(2, "mlp")], "evaluation", panels=("failure",))
     assert len(again.calls) == 1 and again.calls[0][1] == {"evaluation"}
     assert again.rates("silence-mlp-2", "calibration")["repair_k"] == 9
 

@@ -24,7 +24,7 @@ def base(**changes) -> Protocol:
         "source": "data/arith.jsonl", "split": "test", "questions": question_set_hash(QUESTIONS), "n": 3, "seed": 0,
         "fmt": "native", "grader": "numeric/1", "probe": "sample", "K": 8, "temperature": 0.8, "max_new_tokens": 16,
         "stop_strings": ("\n\n",), "engine": "transformer_lens", "device": "cpu", "dtype": "float32",
-        "interventions": (Silence("mlp", 2).to_dict(),), "settings": {"alphas": [2, 4]}, "version": "0.1.0",
+        "interventions": (Silence(2, "mlp").to_dict(),), "settings": {"alphas": [2, 4]}, "version": "0.1.0",
         "commit": "c0ffee"}
     return Protocol(**{**fields, **changes})
 
@@ -60,12 +60,12 @@ def test_round_trip_through_json():
     back = Protocol.from_dict(d)
     assert back == p and hash(back) == hash(p) and back.fingerprint() == p.fingerprint()
     assert back.to_dict() == p.to_dict() and isinstance(back.stop_strings, tuple)
-    assert d["interventions"] == [Silence("mlp", 2).to_dict()] and d["commit"] == "c0ffee"
+    assert d["interventions"] == [Silence(2, "mlp").to_dict()] and d["commit"] == "c0ffee"
 
 
 def test_lists_tuples_objects_and_key_order_normalise_to_one_value():
     a = base()
-    b = base(stop_strings=["\n\n"], interventions=[Silence("mlp", 2)], settings={"alphas": (2, 4)})
+    b = base(stop_strings=["\n\n"], interventions=[Silence(2, "mlp")], settings={"alphas": (2, 4)})
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     c = base(settings={"y": 1, "x": 2})
     assert list(c.settings) == ["x", "y"] and c == base(settings={"x": 2, "y": 1})

@@ -174,8 +174,8 @@ ROUTES = [None, (0, 1, 2, 3), (0, 2, 3), (0, 1, 1, 2, 3), (0, 0, 1, 3, 3), (2, 0
 def test_greedy_equals_the_sae_models_own_argmax_loop(sae_model, hooked):
     prompts = random_prompts([3, 17, 6])
     with attached(sae_model, all_saes()):  # reconstructions replace the activations
-        hooks = (hooks_for([Latents(RESID, (1, 5, 9)), Latents(TC_IN, (0, 3), "steer", 3.0),
-                            Steer(2, tuple(torch.linspace(-1, 1, 32).tolist()), 0.5, hook="resid_post")], sae_model)
+        hooks = (hooks_for([Latents(RESID, (1, 5, 9)), Latents(TC_IN, (0, 3), "scale", 3.0),
+                            Steer(2, torch.linspace(-1, 1, 32), 0.5, hook="resid_post")], sae_model)
                  if hooked else [])
         reqs = [Request(p, 6, route=r, stop_token_ids=()) for p in prompts for r in ROUTES]
         gens = TransformerLensEngine(sae_model).generate(reqs, hooks=hooks, batch_size=3)
@@ -275,9 +275,9 @@ def test_a_latent_intervention_changes_exactly_that_latents_contribution(sae_mod
         sae_model.run_with_hooks(tokens, fwd_hooks=[(acts_name, record(base, "acts")), (out_name, record(base, "out"))])
         latent = int(base["acts"].flatten(0, 1).count_nonzero(0).argmax())  # the latent active most often
         assert base["acts"][..., latent].count_nonzero() > 0
-        for mode, alpha, factor in (("silence", None, 0.0), ("steer", 3.0, 3.0)):
+        for mode, given, factor in (("zero", None, 0.0), ("scale", 3.0, 3.0)):
             seen = {}
-            hooks = Latents(MLP, (latent,), mode, alpha).hooks(sae_model)
+            hooks = Latents(MLP, (latent,), mode, given).hooks(sae_model)
             sae_model.run_with_hooks(tokens, fwd_hooks=hooks + [(acts_name, record(seen, "acts")),
                                                                 (out_name, record(seen, "out"))])
             expected_acts = base["acts"].clone()
@@ -290,8 +290,8 @@ def test_a_latent_intervention_changes_exactly_that_latents_contribution(sae_mod
 
 def test_plain_transformer_lens_users_get_the_same_behaviour_and_no_hook_left(sae_model, plain):
     prompts = random_prompts([4, 10])
-    interventions = [Latents(RESID, (2, 7)), Latents(MLP, (1,), "steer", -2.0), Silence("attn", 0),
-                     Steer(3, tuple(torch.linspace(1, -1, 32).tolist()), 1.5, positions=(0, 2))]
+    interventions = [Latents(RESID, (2, 7)), Latents(MLP, (1,), "scale", -2.0), Silence(0, "attn"),
+                     Steer(3, torch.linspace(1, -1, 32), 1.5, positions=(0, 2))]
     with attached(sae_model, [make_sae(RESID), make_sae(MLP, "topk", seed=1)], use_error_term=True):
         hooks = hooks_for(interventions, sae_model)
         inside = engine_for(sae_model).generate([Request(p, 5, stop_token_ids=()) for p in prompts], hooks=hooks)
@@ -316,8 +316,8 @@ def boom(act, hook):
 def test_hooks_on_a_point_an_sae_occupies_go_through_it(sae_model, plain):
     prompts = random_prompts([6, 8])
     reqs = [Request(p, 5, stop_token_ids=()) for p in prompts]
-    silence = Silence("mlp", 2).hooks(sae_model)
-    want = engine_for(plain).generate(reqs, hooks=Silence("mlp", 2).hooks(plain))
+    silence = Silence(2, "mlp").hooks(sae_model)
+    want = engine_for(plain).generate(reqs, hooks=Silence(2, "mlp").hooks(plain))
     with attached(sae_model, make_sae(MLP, "topk", seed=1)):
         with pytest.raises(TypeError, match="_SAEWrapper"):  # TransformerLens: the name is now the SAE's module
             engine_for(sae_model).generate(reqs, hooks=silence)
@@ -329,18 +329,18 @@ def test_hooks_on_a_point_an_sae_occupies_go_through_it(sae_model, plain):
 
 
 def test_latents_serialize_and_name_bad_values(sae_model, plain):
-    for iv in (Latents(RESID, (3, 1, 4)), Latents(TC_IN, [0], "steer", 2)):
+    for iv in (Latents(RESID, (3, 1, 4)), Latents(TC_IN, [0], "scale", 2)):
         d = json.loads(json.dumps(iv.to_dict()))
         assert d["kind"] == "latents" and intervention_from_dict(d) == iv == Latents.from_dict(d)
-    assert Latents(RESID, [3]).latent_ids == (3,) and Latents(RESID, (1,), "steer", 2).alpha == 2.0
+    assert Latents(RESID, [3]).latent_ids == (3,) and Latents(RESID, (1,), "scale", 2).factor == 2.0
     for args, message in [(("blocks.1.hook_resid_pre", (1.5,)), "latent_ids must be integers, got 1.5"),
                           ((RESID, ("3",)), "got '3'"), ((RESID, (True,)), "got True"),
                           ((RESID, 5), "sequence of integers, got 5"), ((RESID, ()), "latent_ids is empty"),
                           ((RESID, (2, -1)), "latent id -1 out of range"),
-                          ((RESID, (1,), "zero"), "unknown mode 'zero'"),
-                          ((RESID, (1,), "silence", 2.0), "alpha=2.0 is only used with mode 'steer'"),
-                          ((RESID, (1,), "steer"), "needs a number alpha"),
-                          ((RESID, (1,), "steer", float("inf")), "non-finite"),
+                          ((RESID, (1,), "keep"), "unknown mode 'keep'"),
+                          ((RESID, (1,), "zero", 2.0), "factor=2.0 is only used with mode 'scale'"),
+                          ((RESID, (1,), "scale"), "needs a number factor"),
+                          ((RESID, (1,), "scale", float("inf")), "non-finite"),
                           ((f"{RESID}.hook_sae_acts_post", (1,)), f"pass the hook the SAE is attached at: '{RESID}'"),
                           (("", (1,)), "expected the hook an SAE is attached at")]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -484,7 +484,7 @@ def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain,
             assert len(r.units) == 4 and not set(r.units) & set(top.units)
         direct = deploy(sae_model, arc, questions, "shared", hooks=Latents(MLP, tuple(top.units)).hooks(sae_model))
         assert int(top.repair_k) == sum(d["correct"] for d in direct)
-        block = deploy(plain, arc, questions, "shared", hooks=Silence("mlp", 2).hooks(plain))
+        block = deploy(plain, arc, questions, "shared", hooks=Silence(2, "mlp").hooks(plain))
         assert table.iloc[0].arm == "block" and int(table.iloc[0].repair_k) == sum(d["correct"] for d in block)
         assert ((table.mass >= 0) & (table.mass <= 1)).all()
         with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):

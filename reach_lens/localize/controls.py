@@ -75,7 +75,7 @@ def control_pool(model: HookedTransformer, task: Task, questions: Sequence[Quest
     todo = [q for q in correct if q.id not in set(done.get("question_id", []))]
     if todo:
         log(f"greedy answers of {len(todo)} correctly answered questions with MLP {layer} silenced")
-        silenced = Silence("mlp", layer).hooks(model)
+        silenced = Silence(layer, "mlp").hooks(model)
         deployed = probes.deploy(model, task, todo, fmt, hooks=silenced, batch_size=batch_size)
         store.append("without_block", [{"question_id": q.id, "correct": bool(d["correct"]), "answer": d["answer"]}
                                        for q, d in zip(todo, deployed)])
@@ -112,7 +112,7 @@ def plant_control(kind: str, model: HookedTransformer, task: Task, pool: Sequenc
         prompts = [task.prompt(q, fmt, model.tokenizer) for q in pool]
         name = f"blocks.{layer}.mlp.hook_post"
         acts = last_prompt_activations(model, prompts, name, batch_size)
-        upstream = [Silence(c, l) for l in range(max(0, layer - robust_layers), layer) for c in ("attn", "mlp")]
+        upstream = [Silence(l, c) for l in range(max(0, layer - robust_layers), layer) for c in ("attn", "mlp")]
         log(f"activations of MLP {layer}'s units with each of {len(upstream)} upstream components silenced")
         perturbed = perturbed_last_activations(model, prompts, layer, upstream, batch_size)
         trigger = trigger_units(acts, units_k, share, perturbed)

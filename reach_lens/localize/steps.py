@@ -63,7 +63,7 @@ def selection_sweep(conditions: Conditions, layers: Sequence[int], components: S
     for layer, component in tqdm([(l, c) for l in layers for c in components], desc="selection sweep (calibration)",
                                  unit="cond"):
         name = silence_name(component, layer)
-        conditions.run(name, [Silence(component, layer)], "calibration")
+        conditions.run(name, [Silence(layer, component)], "calibration")
         rows.append({"layer": layer, "component": component, "role": "calibration",
                      **conditions.rates(name, "calibration")})
     return pd.DataFrame(rows)
@@ -87,7 +87,7 @@ def evaluate_choice(conditions: Conditions, sweep: pd.DataFrame, layer: int, rul
     rows = []
     for (component, at), label in tqdm(plan.items(), desc="evaluation of the choice", unit="cond"):
         name = silence_name(component, at)
-        conditions.run(name, [Silence(component, at)], "evaluation")
+        conditions.run(name, [Silence(at, component)], "evaluation")
         known = (component, at) in cal.index
         rows.append({"name": component_name(component, at), "component": component, "layer": at, "label": label,
                      **conditions.rates(name, "evaluation"),
@@ -181,7 +181,7 @@ def unit_arms(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], k
     prompts = [conditions.task.prompt(q, conditions.fmt, model.tokenizer) for q in failures]
     acts = last_prompt_activations(model, prompts, hook, conditions.batch_size)
     block = silence_name("mlp", layer)
-    conditions.run(block, [Silence("mlp", layer)], "evaluation", ("failure",))  # stored already at the identified layer
+    conditions.run(block, [Silence(layer, "mlp")], "evaluation", ("failure",))  # stored already at the identified layer
     arms = [("top", None, top)]
     arms += [("random", s, random_units(size, k, s, exclude=top)) for s in range(seeds)]
     rows = [{"arm": "block", "seed": None, "units": [], "mass": 1.0,
