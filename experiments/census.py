@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     out = cli.summary_dir(args.out, protocols)
     table.to_csv(out / "census.csv", index=False)
     table.to_parquet(out / "census.parquet", index=False)
-    cli.publish(args.figures, plots.plot_census(table, out / "census.png", title=f"Recognition vs generation, {names} "
-                                                f"and MLP-pruned copies (n = {args.n} per cell)"))
+    cli.publish(args.figures, {out / "census.png": plots.plot_census(
+        table, title=f"Recognition vs generation, {names} and MLP-pruned copies (n = {args.n} per cell)")})
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[["cell", "fmt", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail",
                      "n_healthy", "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"),

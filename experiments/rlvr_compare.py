@@ -203,12 +203,12 @@ def main(argv=None) -> int:
     base_name = protocols["main"][BASE].model
     tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"
     what = f"{base_name} on {args.task}"
-    figures = [plots.plot_rlvr_fates(fates, summary / f"rlvr_fates_{tag}.png", f"Fates, {what}"),
-               plots.plot_rlvr_changes(t5, summary / f"rlvr_changes_{tag}.png", f"D and O_K change, {what}"),
-               plots.plot_rlvr_propensity(prop, summary / f"rlvr_propensity_{tag}.png",
-                                          f"Realization after training by base hit rate, {what}"),
-               plots.plot_rlvr_lineage(t7, summary / f"rlvr_lineage_{tag}.png", f"Lineage, {what}")]
-    cli.publish(args.figures, *figures)
+    cli.publish(args.figures, {
+        summary / f"rlvr_fates_{tag}.png": plots.plot_rlvr_fates(fates, title=f"Fates, {what}"),
+        summary / f"rlvr_changes_{tag}.png": plots.plot_rlvr_changes(t5, title=f"D and O_K change, {what}"),
+        summary / f"rlvr_propensity_{tag}.png": plots.plot_rlvr_propensity(
+            prop, title=f"Realization after training by base hit rate, {what}"),
+        summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t7, title=f"Lineage, {what}")})
     print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
     return 0

@@ -122,13 +122,12 @@ def main(argv=None) -> int:
         tag = f"n{args.n}-K{args.K}-{law}"
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)
-        figures = [plots.plot_oracle_curves(tables["oracle_curves"], space, out / f"routing_oracle_{space}_{tag}.png")
-                   for space in args.spaces]
+        figures = {out / f"routing_oracle_{space}_{tag}.png": plots.plot_oracle_curves(tables["oracle_curves"], space)
+                   for space in args.spaces}
         if len(tables["random_minus_structured"]):
-            figures.append(plots.plot_random_minus_structured(
-                tables["random_minus_structured"], tables["direction_counts"],
-                out / f"routing_random_minus_structured_{tag}.png", title=f"{law} random routes"))
-        cli.publish(args.figures, *figures)
+            figures[out / f"routing_random_minus_structured_{tag}.png"] = plots.plot_random_minus_structured(
+                tables["random_minus_structured"], tables["direction_counts"], title=f"{law} random routes")
+        cli.publish(args.figures, figures)
         broken = tables["oracle_curves"].groupby(["model", "task", "space"]).random_format_failure_rate.first()
         print(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
               f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"

@@ -87,11 +87,11 @@ def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
     out = cli.summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
     for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
         df.to_csv(out / f"{file}.csv", index=False)
-    cli.publish(args.figures,
-                plots.plot_reach_curve(curve, out / f"sampling_gap_reach_{tag}-T{args.T:g}.png",
-                                       title=f"reach@k, {name} on {task.name}, T={args.T:g}", deployed=r.D, vote=r.vote),
-                plots.plot_temperature_gap(sweep, out / f"sampling_gap_temperature_{tag}.png",
-                                           title=f"Selection gap vs T, {name} on {task.name}"))
+    cli.publish(args.figures, {
+        out / f"sampling_gap_reach_{tag}-T{args.T:g}.png": plots.plot_reach_curve(
+            curve, title=f"reach@k, {name} on {task.name}, T={args.T:g}", deployed=r.D, vote=r.vote),
+        out / f"sampling_gap_temperature_{tag}.png": plots.plot_temperature_gap(
+            sweep, title=f"Selection gap vs T, {name} on {task.name}")})
     say(f"{name} x {task.name}: tables in {out}")
     return row, [deploy, *sample.values()]
 
@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     table = pd.DataFrame(rows)
     out = cli.summary_dir(args.out, protocols, name="summary-table2")
     table.to_csv(out / "table2.csv", index=False)
-    cli.publish(args.figures, plots.plot_gap_table(table, out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png"))
+    cli.publish(args.figures,
+                {out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png": plots.plot_gap_table(table)})
 
     print(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
           "guess: a uniform guesser over the options)")

@@ -124,13 +124,14 @@ def main(argv=None) -> int:
     out, tag = cli.summary_dir(args.out, protocols), f"n{args.n}-K{args.K}"
     for name, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
         df.to_csv(out / f"{name}.csv", index=False)
-    cli.publish(args.figures, *(plots.plot_temperature_gap(g, out / f"selection_temperature_{m}_{t}_{tag}.png",
-                                                           title=f"Oracle - majority vote vs T, {m} / {t}")
-                                for (m, t), g in sweep.groupby(["model", "task"], sort=False)),
-                plots.plot_recovery(recovery, [("routes", f"routes ({args.space}, {args.random_routes})"),
-                                               (f"T{args.T:g}", f"samples, T={args.T:g}")],
-                                    out / f"selection_recovery_{tag}-T{args.T:g}.png"),
-                plots.plot_selection_gap(sweep, out / f"selection_gap_vs_temperature_{tag}.png"))
+    figures = {out / f"selection_temperature_{m}_{t}_{tag}.png": plots.plot_temperature_gap(
+        g, title=f"Oracle - majority vote vs T, {m} / {t}")
+        for (m, t), g in sweep.groupby(["model", "task"], sort=False)}
+    figures[out / f"selection_recovery_{tag}-T{args.T:g}.png"] = plots.plot_recovery(
+        recovery, [("routes", f"routes ({args.space}, {args.random_routes})"),
+                   (f"T{args.T:g}", f"samples, T={args.T:g}")])
+    figures[out / f"selection_gap_vs_temperature_{tag}.png"] = plots.plot_selection_gap(sweep)
+    cli.publish(args.figures, figures)
 
     print(f"recovery at K={args.K}, median over clean cells where oracle > greedy:\n"
           + medians.to_string(index=False, float_format=lambda v: f"{v:+.2f}"), flush=True)

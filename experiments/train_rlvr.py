@@ -159,8 +159,9 @@ def main(argv=None) -> int:
         meta = read_metadata(path)
         reward = (f"; reward (mean of 5 logging steps) {meta['reward_first']:.3f} -> {meta['reward_last']:.3f}"
                   if meta.get("reward_first") is not None else "")
-        curve = plots.plot_rlvr_training(pd.read_csv(path / LOG), args.figures / f"rlvr_training_{recipe.name}.png",
-                                         f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, training split")
+        curve = args.figures / f"rlvr_training_{recipe.name}.png"
+        plots.plot_rlvr_training(pd.read_csv(path / LOG), curve,
+                                 f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, training split")
         SAY(f"{recipe.kind}: {meta['steps']} steps, {meta['wall_seconds'] / 60:.1f} min of training "
             f"({(time.time() - started) / 60:.1f} min this call){reward}; checkpoint {path}; curve {curve}")
     return 0

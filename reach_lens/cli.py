@@ -36,7 +36,7 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -372,13 +372,17 @@ def summary_dir(root: Path, protocols: Sequence, name: str = "summary") -> Path:
     return path
 
 
-def publish(figures: Path, *paths: Path) -> None:
-    """Copy figures (already written in a run's summary directory) into ``--figures`` under the same names."""
+def publish(figures: Path, drawn: Mapping[Path, Any]) -> list[Path]:
+    """Save each figure of ``drawn`` (``{path in a run's summary directory: matplotlib Figure}``) there and copy it
+    into ``--figures`` under the same name; returns the saved paths."""
     import shutil
 
+    from reach_lens.plots import save
+
     figures.mkdir(parents=True, exist_ok=True)
-    for path in paths:
-        shutil.copyfile(path, figures / Path(path).name)
+    for path, fig in drawn.items():
+        shutil.copyfile(save(fig, path), figures / Path(path).name)
+    return list(drawn)
 
 
 # ---- output and errors -------------------------------------------------------------------------------

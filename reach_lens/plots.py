@@ -1,4 +1,5 @@
-"""One function per figure kind: each takes a DataFrame and a path, writes a PNG (Agg, 150 dpi), returns the path.
+"""One function per figure kind: each takes a DataFrame, returns the matplotlib ``Figure``, and writes it as a PNG
+(150 dpi) when given a ``path`` (``save(fig, path)`` writes any of them later).
 
 The tables are those audit produces: `audit.reach_curve`, rows of `audit.summarize`, and `audit.Rate.to_dict`
 rows (X, X_lo, X_hi, X_n); and for the routing and selection studies those of `reach_lens.routing.analysis`. Figures are drawn on a bare `Figure` (no pyplot, no global backend change).
@@ -28,12 +29,19 @@ def _require(df: pd.DataFrame, columns: Sequence[str], figure: str) -> None:
         raise ValueError(f"{figure}: table is empty")
 
 
-def _save(fig: Figure, path: Path | str) -> Path:
+def save(fig: Figure, path: Path | str) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return path
+
+
+def _finish(fig: Figure, path: Path | str | None) -> Figure:
+    if path is not None:
+        save(fig, path)
+    return fig
 
 
 def _n(values: pd.Series) -> str:
@@ -65,8 +73,8 @@ def _guesser_curve(ax: Axes, df: pd.DataFrame, k: str = "k", color: str = "gray"
         ax.plot(g[k], g["guess"], color=color, ls=":", lw=1.3, label=f"{GUESSER}: 1-(1-1/m)^k")
 
 
-def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str, title: str, deployed: float | None = None,
-                     vote: float | None = None) -> Path:
+def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str | None = None, title: str = "reach@k",
+                     deployed: float | None = None, vote: float | None = None) -> Figure:
     """reach@k vs k (log x) with its bootstrap band, from `audit.reach_curve` (k, reach, lo, hi, n, K).
 
     An optional `series` column draws one curve per series (e.g. random routes vs MCTS). `deployed` (D) is
@@ -94,10 +102,11 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str, title: str, deplo
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"{title}\n(n = {_n(curve_df['n'])}, K = {_n(curve_df['K'])}; 95% bootstrap band)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_temperature_gap(df: pd.DataFrame, path: Path | str, title: str = "Selection gap vs temperature") -> Path:
+def plot_temperature_gap(df: pd.DataFrame, path: Path | str | None = None,
+                         title: str = "Selection gap vs temperature") -> Figure:
     """Left: deployed D, vote@K and oracle O_K vs T (Wilson bands); right: selection gap O_K - vote@K vs T (paired bootstrap band).
 
     Rows are `{"T": T, **audit.summarize(records)}`; with multiple choice, columns `guess_O` (the uniform
@@ -128,10 +137,11 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str, title: str = "Selec
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{title} (n = {_n(df['n'])}, K = {_n(df['K'])}; 95% intervals)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_census(df: pd.DataFrame, path: Path | str, title: str = "Recognition vs generation census") -> Path:
+def plot_census(df: pd.DataFrame, path: Path | str | None = None,
+                title: str = "Recognition vs generation census") -> Figure:
     """Generation accuracy vs recognition accuracy per cell with 95% intervals, y = x line; every cell labeled,
     cells meeting the criterion in red.
 
@@ -169,12 +179,12 @@ def plot_census(df: pd.DataFrame, path: Path | str, title: str = "Recognition vs
     ax.legend(handles=handles, fontsize=8, loc="upper left")
     ax.set_title(f"{title}\n({len(df)} cells, {int(df['meets_criterion'].astype(bool).sum())} meet the criterion; "
                  "size ~ failures; bars: 95% Wilson)", fontsize=9)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_layer_sweep(df: pd.DataFrame, path: Path | str, marked_layer: int | None = None,
+def plot_layer_sweep(df: pd.DataFrame, path: Path | str | None = None, marked_layer: int | None = None,
                      title: str = "Silencing sweep", runner_ups: Sequence[tuple[str, int, str]] = (),
-                     evaluation: pd.DataFrame | None = None) -> Path:
+                     evaluation: pd.DataFrame | None = None) -> Figure:
     """Repair (top) and healthy breakage (bottom) by layer, one line per component (mlp, attn, layer), Wilson error bars.
 
     Columns: layer, component, repair, repair_lo, repair_hi, repair_n, breakage, breakage_lo, breakage_hi, breakage_n.
@@ -182,12 +192,6 @@ def plot_layer_sweep(df: pd.DataFrame, path: Path | str, marked_layer: int | Non
     sweep points, numbered R1, R2, ... in the legend. ``evaluation``: rows of the same columns measured on other
     questions (the evaluation split), drawn as black diamonds with their own error bars.
     """
-    return _save(layer_sweep_figure(df, marked_layer, title, runner_ups, evaluation), path)
-
-
-def layer_sweep_figure(df: pd.DataFrame, marked_layer: int | None = None, title: str = "Silencing sweep",
-                       runner_ups: Sequence[tuple[str, int, str]] = (), evaluation: pd.DataFrame | None = None) -> Figure:
-    """The figure of ``plot_layer_sweep``, unsaved (tests read its artists)."""
     need = ("layer", "component", *(f"{m}{s}" for m in ("repair", "breakage") for s in ("", "_lo", "_hi", "_n")))
     _require(df, need, "layer sweep")
     bad = sorted(set(df["component"]) - set(COMPONENT_COLORS))
@@ -235,22 +239,17 @@ def layer_sweep_figure(df: pd.DataFrame, marked_layer: int | None = None, title:
     split = "calibration " if evaluation is not None else ""
     fig.suptitle(f"{title}\n({split}n_fail = {_n(df['repair_n'])}, n_healthy = {_n(df['breakage_n'])}; "
                  f"95% Wilson" + ("; dotted: identified MLP" if marked_layer is not None else "") + ")", fontsize=10)
-    return fig
+    return _finish(fig, path)
 
 
-def plot_steering(df: pd.DataFrame, path: Path | str, title: str = "Steering along v",
-                  doses: dict | None = None) -> Path:
+def plot_steering(df: pd.DataFrame, path: Path | str | None = None, title: str = "Steering along v",
+                  doses: dict | None = None) -> Figure:
     """Rescue (-alpha v on the failure set) and induction (+alpha v on the healthy panel) vs alpha (log2 x), Wilson error bars.
 
     Columns: alpha, rescue, rescue_lo, rescue_hi, rescue_n, induction, induction_lo, induction_hi, induction_n;
     optional ``role``: evaluation rows are drawn with error bars, calibration rows as thin dashed lines.
     ``doses`` ({"rescue": alpha, "induction": alpha}, chosen on calibration) are starred on the evaluation curves.
     """
-    return _save(steering_figure(df, title, doses), path)
-
-
-def steering_figure(df: pd.DataFrame, title: str = "Steering along v", doses: dict | None = None) -> Figure:
-    """The figure of ``plot_steering``, unsaved (tests read its artists)."""
     need = ("alpha", *(f"{m}{s}" for m in ("rescue", "induction") for s in ("", "_lo", "_hi", "_n")))
     _require(df, need, "steering")
     df = df.sort_values("alpha")
@@ -288,7 +287,7 @@ def steering_figure(df: pd.DataFrame, title: str = "Steering along v", doses: di
     ax.legend(fontsize=7)
     ax.set_title(f"{title}\n(n_fail = {_n(main['rescue_n'])}, n_healthy = {_n(main['induction_n'])}; "
                  f"95% Wilson)", fontsize=10)
-    return fig
+    return _finish(fig, path)
 
 
 # ---- routing and selection (tables of `reach_lens.routing.analysis`) ----------------------------------
@@ -300,7 +299,7 @@ SERIES_COLORS = {"random": "tab:blue", "mcts": "tab:red", "hill_climb": "tab:gre
 MIN_BAND_N = 10  # questions below which a cell's bootstrap bands are not drawn
 
 
-def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Path:
+def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None = None) -> Figure:
     """Oracle o(k) per search method and the random-route vote@k vs k (log x), one panel per model x task, in
     one action space, with bootstrap bands (cells of at least ``MIN_BAND_N`` questions) and the deployed D; a format-collapsed cell says so in its title.
 
@@ -344,11 +343,11 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str) -> Pa
     bands = "95% bootstrap bands" + ("" if int(c.n.min()) >= MIN_BAND_N else f" where n >= {MIN_BAND_N}")
     fig.suptitle(f"Oracle o(k) over routes, action space '{space}' (n = {_n(c.n)}, K = {_n(c.K)}; greedy; "
                  f"{bands})", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path: Path | str,
-                                 title: str = "random routes") -> Path:
+def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path: Path | str | None = None,
+                                 title: str = "random routes") -> Figure:
     """O_random(K) - O_structured(K) in pp, one dot per model x task cell (hollow: format collapse), one panel per
     action space, one column per structured method, with the clean cells' random better / tie / structured
     better counts above. Columns: `analysis.analyse`'s ``random_minus_structured`` and ``direction_counts``."""
@@ -383,10 +382,10 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
                  "random is better / tie / structured is better (better: the interval excludes 0); hollow = format "
                  "collapse", fontsize=8,
                  y=1.14 if "random_format_failure_rate" in diffs else 1.08)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Path | str) -> Path:
+def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Path | str | None = None) -> Figure:
     """Answer-blind recovery per selector: one dot per model x task cell and probe (hollow: format collapse, left
     out of the median), the median over clean cells as a bar. ``probes`` are (probe value, legend label) pairs.
 
@@ -420,10 +419,10 @@ def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Pa
     ax.set_title(f"Answer-blind recovery per model x task cell (dots) and median over clean cells (bars); "
                  f"n = {_n(rec.n)} per cell, K = {_n(rec.K)}\nhollow = format collapse (left out of the median); "
                  "cells with oracle = greedy have no recovery", fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_selection_gap(sweep: pd.DataFrame, path: Path | str) -> Path:
+def plot_selection_gap(sweep: pd.DataFrame, path: Path | str | None = None) -> Figure:
     """Oracle - majority vote vs temperature, one line with its paired-bootstrap band per model x task cell.
 
     Columns: model, task, T, n, K, selection_gap, selection_gap_lo, selection_gap_hi (rows of `audit.summarize`);
@@ -448,24 +447,20 @@ def plot_selection_gap(sweep: pd.DataFrame, path: Path | str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(f"Selection gap of temperature samples, K = {_n(sweep.K)} (95% paired bootstrap bands)", fontsize=9)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
 # ---- MLP study: units relative to the whole block (the paper's Fig 5c) ----------------------------------
 
 
-def plot_units_vs_block(df: pd.DataFrame, path: Path | str, title: str = "Top units vs random units") -> Path:
+def plot_units_vs_block(df: pd.DataFrame, path: Path | str | None = None,
+                        title: str = "Top units vs random units") -> Figure:
     """Left: repair of the top-k units along v and of random-k sets, relative to the whole block's repair (bars:
     random sets' SD); right: their share of the block's output mass. Every bar is labelled with its n.
 
     Rows (``localize.unit_arms``): arm (block | top | random), repair, repair_k, repair_n, repair_vs_block, mass.
     When the whole block repairs nothing the left panel shows raw repair and says so.
     """
-    return _save(units_vs_block_figure(df, title), path)
-
-
-def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random units") -> Figure:
-    """The figure of ``plot_units_vs_block``, unsaved (tests read its artists)."""
     _require(df, ("arm", "repair", "repair_k", "repair_n", "repair_vs_block", "mass"), "units vs block")
     block, top, rand = df[df.arm == "block"], df[df.arm == "top"], df[df.arm == "random"]
     if len(block) != 1 or len(top) != 1 or len(rand) == 0:
@@ -504,7 +499,7 @@ def units_vs_block_figure(df: pd.DataFrame, title: str = "Top units vs random un
     ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}" if v >= 0.1 else f"{v:.1%}"))
     fig.suptitle(f"{title}\n(whole block repairs {k[0]}/{k[1]} evaluation failures; error bars: SD over random sets)",
                  fontsize=10)
-    return fig
+    return _finish(fig, path)
 
 
 # ---- RLVR checkpoint study (reach_lens.rlvr.tables): Figures 6a, 6b, 7 and the lineage table with its floors
@@ -515,7 +510,8 @@ def _protocol_note(df: pd.DataFrame) -> str:
     return f"n = {_n(df['n'])}, K = {_n(df['K'])}, T = {float(df['T'].iloc[0]):g}"
 
 
-def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of questions, base -> trained") -> Path:
+def plot_rlvr_fates(df: pd.DataFrame, path: Path | str | None = None,
+                    title: str = "Fates of questions, base -> trained") -> Figure:
     """Figure 6a from `rlvr.tables.fates_table` rows (+ T): per pair, counts of gains from base-reachable and
     base-unreachable questions, losses (drawn below 0) and the net deployed change (left); entered and left the
     reachable set and their net (right). A ``<column>_expected`` column (with ``_lo``, ``_hi``) draws that count's
@@ -554,7 +550,7 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str, title: str = "Fates of q
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
     fig.suptitle(f"{title} ({_protocol_note(df)})", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
 def _against_floor(row) -> str:
@@ -566,7 +562,8 @@ def _against_floor(row) -> str:
     return text + f"\n{GUESSER}: {row['floor']:.1%}" + (f"; {' and '.join(below)} at or below it" if below else "")
 
 
-def plot_rlvr_changes(df: pd.DataFrame, path: Path | str, title: str = "Deployed vs reachable change") -> Path:
+def plot_rlvr_changes(df: pd.DataFrame, path: Path | str | None = None,
+                      title: str = "Deployed vs reachable change") -> Figure:
     """Figure 6b from `rlvr.tables.table5` rows (+ T): per pair, the change of deployed D and of the oracle O_K
     side by side, with paired bootstrap 95% intervals, in percentage points; under each pair, its O_K before and
     after against the uniform guesser's floor (column ``floor``; multiple choice only: an oracle below its floor
@@ -590,11 +587,11 @@ def plot_rlvr_changes(df: pd.DataFrame, path: Path | str, title: str = "Deployed
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     ax.set_title(f"{title}\n({_protocol_note(df)}; paired bootstrap 95%)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
-                         title: str = "Realization after training by base hit rate") -> Path:
+def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
+                         title: str = "Realization after training by base hit rate") -> Figure:
     """Figure 7 from `rlvr.tables.propensity` rows (+ T): among questions the base does not realize, the share
     realized after training per base hit-rate bin, one series per (pair, K), Wilson 95% bars and each bin's n
     (an empty bin is marked "n = 0", with no point); with ``expected_realized`` (and ``expected_lo``/``_hi``),
@@ -636,10 +633,11 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str,
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(f"{title}\n(n = {_n(df.groupby(['pair', 'K'])['n'].sum())} base-unrealized questions, "
                  f"T = {float(df['T'].iloc[0]):g}; Wilson 95%)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage: deployed, vote and oracle") -> Path:
+def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str | None = None,
+                      title: str = "Lineage: deployed, vote and oracle") -> Figure:
     """Table 7 as a figure, from `rlvr.tables.table7` rows (+ T): per checkpoint, deployed D, majority vote@K
     and oracle O_K (Wilson 95%), the oracle over all samples as a hollow marker, and the uniform guesser's
     floor at K and at all samples as dashed lines (an oracle at its floor says nothing about reach)."""
@@ -669,10 +667,10 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str, title: str = "Lineage:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper left", ncol=2)
     ax.set_title(f"{title}\n({_protocol_note(df)}; Wilson 95%)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_rlvr_training(log: pd.DataFrame, path: Path | str, title: str = "Training curve") -> Path:
+def plot_rlvr_training(log: pd.DataFrame, path: Path | str | None = None, title: str = "Training curve") -> Figure:
     """A TRL log (``training_log.csv``: one row per logging step) against the optimizer step: the mean GRPO reward
     with its spread over the logged completions, or the SFT loss, plus a running mean over 5 logging steps."""
     _require(log, ("step",), "rlvr training")
@@ -692,10 +690,10 @@ def plot_rlvr_training(log: pd.DataFrame, path: Path | str, title: str = "Traini
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{title}\n({int(g['step'].max())} steps)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)
 
 
-def plot_gap_table(df: pd.DataFrame, path: Path | str) -> Path:
+def plot_gap_table(df: pd.DataFrame, path: Path | str | None = None) -> Figure:
     """The sampling-gap table (the paper's Table 2) as grouped bars per model x task cell: deployed D, vote@K and
     oracle O_K with their 95% intervals, and, for multiple choice, the uniform guesser's O_K (a black tick) that
     an oracle must be read against. Rows are `audit.gap_table_row` plus model, task, T (and guess_oracle)."""
@@ -726,4 +724,4 @@ def plot_gap_table(df: pd.DataFrame, path: Path | str) -> Path:
     temperatures = sorted({float(t) for t in df["T"]})
     ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {'/'.join(f'{t:g}' for t in temperatures)}; "
                  "95% intervals)", fontsize=10)
-    return _save(fig, path)
+    return _finish(fig, path)

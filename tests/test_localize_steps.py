@@ -114,7 +114,7 @@ def test_each_steering_direction_gets_its_own_dose_chosen_on_calibration(tmp_pat
     doses_measured = list(zip(rand.alpha, rand.rescue.notna(), rand.induction.notna()))
     assert doses_measured == [(8.0, True, False), (2.0, False, True)]
     steers = [iv for ivs, _ in conditions.calls for iv in ivs]
-    norms = {round(float(np.linalg.norm(iv.v)), 4) for iv in steers}
+    norms = {round(float(np.linalg.norm(iv.v.values)), 4) for iv in steers}
     assert norms == {round(float(np.sqrt(tiny_model.cfg.d_model)), 4)} and len({iv.v for iv in steers}) == 2
 
 
@@ -128,7 +128,7 @@ def unit_rows(block_k=8, top_k=6, random_k=(1, 0, 2), n=10):
 
 
 def test_units_figure_normalizes_by_the_block_with_random_sd_bars_and_n_labels():
-    fig = plots.units_vs_block_figure(unit_rows())
+    fig = plots.plot_units_vs_block(unit_rows())
     left, right = fig.axes
     heights = [p.get_height() for p in left.patches]
     assert heights == pytest.approx([6 / 8, np.mean([1, 0, 2]) / 8])
@@ -139,7 +139,7 @@ def test_units_figure_normalizes_by_the_block_with_random_sd_bars_and_n_labels()
     assert labels == ["n = 10\n(6 repaired)", "n = 10 x 3 sets\n(mean 1.0 repaired)"]
     assert "relative to the whole block" in left.get_ylabel() and "8/10" in fig._suptitle.get_text()
     assert [p.get_height() for p in right.patches] == pytest.approx([0.2, 0.025])
-    raw = plots.units_vs_block_figure(unit_rows(block_k=0, top_k=0, random_k=(0, 0, 1))).axes[0]
+    raw = plots.plot_units_vs_block(unit_rows(block_k=0, top_k=0, random_k=(0, 0, 1))).axes[0]
     assert "not normalized" in raw.get_ylabel() and raw.patches[1].get_height() == pytest.approx(1 / 30)
 
 
@@ -149,7 +149,7 @@ def test_layer_sweep_figure_marks_runner_ups_and_the_evaluation_points():
     sweep = pd.DataFrame([{"layer": l, "component": c, **rates} for l in range(4) for c in ("mlp", "attn")])
     evaluation = pd.DataFrame([{"layer": 2, "component": c, **rates, "repair_n": 12} for c in ("mlp", "attn", "layer")])
     marks = [("attn", 3, "best component"), ("mlp", 0, "best other MLP")]
-    fig = plots.layer_sweep_figure(sweep, 2, "t", runner_ups=marks, evaluation=evaluation)
+    fig = plots.plot_layer_sweep(sweep, marked_layer=2, title="t", runner_ups=marks, evaluation=evaluation)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "R1: attn 3 (best component)" in legend and "R2: mlp 0 (best other MLP)" in legend
     assert any("evaluation split (n_fail = 12, n_healthy = 8)" in t for t in legend)

@@ -19,7 +19,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def drawn(monkeypatch):
     """{path name: Figure} of every figure the plot functions save during the test."""
     figures = {}
-    save = plots._save
+    save = plots.save
 
     def capture(fig, path):
         out = save(fig, path)
@@ -27,7 +27,7 @@ def drawn(monkeypatch):
         figures[out.name] = fig
         return out
 
-    monkeypatch.setattr(plots, "_save", capture)
+    monkeypatch.setattr(plots, "save", capture)
     return figures
 
 
@@ -61,7 +61,7 @@ def test_plot_reach_curve(tmp_path, drawn):
     curve = reach_curve(RECS, n_boot=100)
     s = summarize(RECS, n_boot=100)
     out = plots.plot_reach_curve(curve, tmp_path / "reach.png", "toy", deployed=s["D"], vote=s["vote"])
-    assert out == tmp_path / "reach.png"
+    assert out is drawn["reach.png"]  # the figure itself, also saved at the path
     ax = drawn["reach.png"].axes[0]
     reach = line(ax, "oracle reach@k")
     np.testing.assert_allclose(reach.get_xdata(), curve.k)
@@ -285,3 +285,14 @@ def test_multiple_choice_oracle_figures_draw_the_guessers_floor_and_free_form_on
     assert gap.get_ydata()[0] == pytest.approx(guesser_reach(options, 8) - np.mean([1 / m for m in options]))
     (routes,) = _floor_lines(drawn["oracle_mc.png"])
     np.testing.assert_allclose(routes.get_ydata(), guesser_reach(options, [1, 2, 4, 8]))
+
+
+def test_plot_functions_return_the_figure_and_save_only_when_given_a_path(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    monkeypatch.chdir(tmp_path)
+    fig = plots.plot_reach_curve(reach_curve(RECS), title="in a notebook")
+    assert isinstance(fig, Figure) and not list(tmp_path.iterdir())  # nothing written
+    saved = plots.plot_reach_curve(reach_curve(RECS), tmp_path / "out" / "reach.png", title="to a file")
+    assert isinstance(saved, Figure) and (tmp_path / "out" / "reach.png").read_bytes()[:8] == PNG_MAGIC
+    assert plots.save(fig, tmp_path / "later.png") == tmp_path / "later.png"

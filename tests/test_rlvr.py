@@ -239,13 +239,13 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     from reach_lens import plots
 
     drawn = {}
-    save = plots._save
+    save = plots.save
 
     def capture(fig, path):
         drawn[Path(path).stem] = fig
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", capture)
+    monkeypatch.setattr(plots, "save", capture)
 
     def heights(ax):
         return [round(float(p.get_height()), 9) for p in ax.patches]

@@ -211,18 +211,15 @@ def write_outputs(s: Study, run_dir: Path, figures: Path) -> str:
     marks = [(r.component, int(r.layer), r.label) for r in s.evaluation.itertuples() if r.label != "identified"
              and r.component != "layer"]
     drawn = {
-        "layer_sweep": plots.plot_layer_sweep(s.sweep, run_dir / "layer_sweep.png", marked_layer=s.layer,
-                                              title=f"Silencing by layer: {s.tag}", runner_ups=marks,
-                                              evaluation=s.evaluation),
-        "steering": plots.plot_steering(s.steering, run_dir / "steering.png", doses=s.doses,
-                                        title=f"Steering along v at MLP {s.layer}: {s.tag}"),
-        "units": plots.plot_units_vs_block(s.units, run_dir / "units.png",
-                                           title=f"{s.units.space.iloc[0]} along v at MLP "
+        "layer_sweep": plots.plot_layer_sweep(s.sweep, marked_layer=s.layer, title=f"Silencing by layer: {s.tag}",
+                                              runner_ups=marks, evaluation=s.evaluation),
+        "steering": plots.plot_steering(s.steering, doses=s.doses, title=f"Steering along v at MLP {s.layer}: {s.tag}"),
+        "units": plots.plot_units_vs_block(s.units, title=f"{s.units.space.iloc[0]} along v at MLP "
                                            f"{s.layer if s.units_layer is None else s.units_layer}: {s.tag}"),
     }
-    figures.mkdir(parents=True, exist_ok=True)
-    for name, path in drawn.items():
-        (figures / f"mlp_localize_{name}_{s.tag}.png").write_bytes(Path(path).read_bytes())
+    for name, fig in drawn.items():
+        plots.save(fig, run_dir / f"{name}.png")
+        plots.save(fig, figures / f"mlp_localize_{name}_{s.tag}.png")
     text = summary(s)
     (run_dir / "summary.md").write_text(text)
     return text
