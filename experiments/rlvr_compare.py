@@ -2,7 +2,8 @@
 question, under one protocol.
 
     python experiments/rlvr_compare.py                    # embedded base vs its GRPO and SFT checkpoints (trained
-                                                          # first when missing), ARC-Easy audit split, n=300, K=4
+                                                          # first when missing), SQuAD audit split, n=300, K=16
+    python experiments/rlvr_compare.py --task arc_easy    # the multiple-choice cell (its oracles beside the floor)
     python experiments/rlvr_compare.py --checkpoints rl=/path/to/rl sft=/path/to/sft --model /path/to/base \\
         --task gsm8k --source ../shared/data/gsm8k/test.jsonl --audit-share 0.999 --K 100
 
@@ -65,9 +66,9 @@ def checkpoint_arg(text: str) -> tuple[str, Path]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(parents=[cli.common(out="runs/rlvr_compare", batch_size=32), cli.engines(),
-                                         cli.data(n=300, chunk=25, task="arc_easy")],
+                                         cli.data(n=300, chunk=25, task="squad")],
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--K", type=cli.positive_int, default=4,
+    p.add_argument("--K", type=cli.positive_int, default=16,
                    help="main candidate budget (Table 5, fates, propensity); 2K samples are drawn for Table 6")
     p.add_argument("--T", type=cli.positive_float, default=0.8, help="sampling temperature")
     p.add_argument("--checkpoints", type=checkpoint_arg, nargs="+", default=None, metavar="LABEL=PATH",

@@ -1,10 +1,11 @@
 """Train the RLVR study's checkpoints: TRL GRPO with the task's grader as the verifiable reward, or SFT on gold
 answers, on a training split disjoint by question id from the audit split (salted id hash).
 
-    python experiments/train_rlvr.py                      # both default recipes (GRPO, then SFT) on ARC-Easy
+    python experiments/train_rlvr.py                      # both default recipes (GRPO, then SFT) on SQuAD (zero-shot)
+    python experiments/train_rlvr.py --task arc_easy      # the multiple-choice cell
     python experiments/train_rlvr.py --recipe grpo --steps 150 --threads 1
     python experiments/train_rlvr.py --recipe sft --full  # full fine-tuning instead of LoRA
-    python experiments/train_rlvr.py --reward-density arc_easy sciq openbookqa commonsense_qa basic_arithmetic
+    python experiments/train_rlvr.py --reward-density squad trivia_qa nq_open basic_arithmetic arc_easy
                                                           # measure each task's reward density first (the choice)
 
 Checkpoints are plain Hugging Face directories under <cache>/checkpoints/rlvr/<recipe name>/ (LoRA merged),
@@ -34,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="base model: an embedded one by name or a Hugging Face checkpoint directory (default: the "
                         "embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--task", default="arc_easy", help="training task (its grader is the reward)")
+    p.add_argument("--task", default="squad", help="training task (its grader is the reward; default squad)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
     p.add_argument("--fmt", default="auto", choices=cli.FORMATS,
                    help="prompt format of training and of --reward-density: auto (each task's own for the base "
