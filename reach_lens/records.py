@@ -12,6 +12,8 @@ the probe adds (`entropy`, `finish_reason`, `route`, `hidden`, ...), carried thr
 
     cands = [candidate(task, q, gen, keep_hidden=True) for gen in generations]
     record = make_record(q.id, q.gold, deployed, cands, vote=select.majority_vote(cands))
+    records = record_table(questions, deploy(...), sample(...), select.majority_vote)   # a run, as a DataFrame
+    frame = candidate_frame(questions, sample(...))                                   # one row per candidate
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import math
 from collections.abc import Mapping, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any
+
+import pandas as pd
 
 if TYPE_CHECKING:  # records stay plain data: importing them loads no engine and no task
     from reach_lens.generate.types import Generation
@@ -118,3 +122,32 @@ def make_record(question_id: object, gold: str, deployed: Mapping[str, object],
         "vote_correct": winner["correct"],
         "candidates": cands,
     }
+
+
+def record_table(questions: Sequence[Question], deployed: Sequence[Mapping[str, object]],
+                 candidates: Sequence[Sequence[Mapping[str, object]]], vote) -> pd.DataFrame:
+    """The records of a probe run as a table (``RECORD_COLUMNS``, one row per question): ``deployed[i]`` is question
+    i's greedy candidate (``probes.deploy``), ``candidates[i]`` its K candidates (``probes.sample`` or
+    ``probes.route``); ``vote(candidates) -> index`` picks one (e.g. ``select.majority_vote``).
+
+        records = record_table(questions, deploy(...), sample(...), select.majority_vote)
+        audit.summarize(records)                       # D, vote@K, O_K with their 95% intervals
+    """
+    if not len(questions) == len(deployed) == len(candidates):
+        raise ValueError(f"{len(questions)} questions, {len(deployed)} deployed answers and {len(candidates)} candidate "
+                         "lists: expected one of each per question")
+    rows = [make_record(q.id, q.gold, d, cs, vote(cs)) for q, d, cs in zip(questions, deployed, candidates)]
+    return pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+
+
+def candidate_frame(questions: Sequence[Question],
+                    results: Sequence[Mapping[str, object]] | Sequence[Sequence[Mapping[str, object]]]) -> pd.DataFrame:
+    """Any generation probe's output as one DataFrame row per candidate: ``question_id``, ``k`` (the candidate's index
+    within its question; 0 for ``deploy``'s one answer) and the candidate's keys (``candidate``)."""
+    if len(questions) != len(results):
+        raise ValueError(f"{len(questions)} questions but {len(results)} results: expected one per question")
+    rows = []
+    for q, result in zip(questions, results):
+        for k, c in enumerate([result] if isinstance(result, Mapping) else result):
+            rows.append({"question_id": q.id, "k": k, **c})
+    return pd.DataFrame(rows)

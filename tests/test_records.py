@@ -171,3 +171,21 @@ def test_records_audit_select_dependencies():
     from reach_lens import audit
 
     assert not hasattr(audit, "make_record") and not hasattr(audit, "RECORD_COLUMNS")  # no re-export shims
+
+
+def test_record_table_and_candidate_frame_of_a_probe_run():
+    from reach_lens.records import RECORD_COLUMNS, candidate_frame, record_table
+
+    qs = [Q, Question("q8", "1+1?", "2")]
+    greedy = [deployed("5", True), deployed("3", False)]
+    cands = [[cand("5", True), cand("4"), cand("5", True)], [cand("2", True), cand("3"), cand("3")]]
+    records = record_table(qs, greedy, cands, majority_vote)
+    assert list(records.columns) == list(RECORD_COLUMNS) and list(records.question_id) == ["q7", "q8"]
+    assert list(records.hits) == [2, 1] and list(records.vote_answer) == ["5", "3"] and list(records.d) == [True, False]
+    first = record_table(qs, greedy, cands, vote=lambda cs: 0)
+    assert list(first.vote_answer) == ["5", "2"]
+    frame = candidate_frame(qs, cands)
+    assert list(frame.question_id) == ["q7"] * 3 + ["q8"] * 3 and list(frame.k) == [0, 1, 2] * 2
+    assert list(candidate_frame(qs, greedy).k) == [0, 0]  # deploy's one answer per question
+    with pytest.raises(ValueError, match="2 questions, 1 deployed answers and 2 candidate lists"):
+        record_table(qs, greedy[:1], cands, majority_vote)
