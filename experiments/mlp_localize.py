@@ -7,18 +7,21 @@
     python experiments/mlp_localize.py --model path/to/ckpt --task arc_challenge --source data/arc/
 
 Recipe (each condition's per-question answers are stored as computed; a rerun computes nothing twice):
- 1. screen n questions: recognition (gold option ranked first by likelihood) and greedy generation; fix the
-    failure set (recognized, not generated) and the healthy panel (generated; ``--healthy-rule``), split each
-    by a hash of the id into calibration and evaluation questions; stop early when a panel is too small;
+ 1. screen n questions (``--n all``: every one): recognition (gold option ranked first by likelihood) and greedy
+    generation; fix the failure set (recognized, not generated; the unparseable greedy answers counted, or left out
+    with ``--exclude-format-failures``) and the healthy panel (generated; ``--healthy-rule``), split each by a
+    hash of the id into calibration and evaluation questions; stop early when a panel is too small;
  2. selection sweep on the CALIBRATION questions: silence the MLP and the attention of every layer; the
     identified MLP is the best by ``--layer-rule`` (net: repair - breakage; repair: the paper's), the runner-ups
     the best other components by the same rule;
  3. on the EVALUATION questions only: the identified MLP, attention and whole layer there and the runner-ups;
     paired margins (Newcombe) of its repair over each runner-up, and the verdict;
- 4. steering along v (calibration failure-minus-healthy mean MLP output): -alpha v rescues, +alpha v induces;
-    each direction's dose chosen on calibration, every alpha reported on evaluation;
- 5. the top-k units along v against random-k sets, relative to the whole block's repair (``--units sae --sae
-    PATH``: the latents of a SAELens SAE at an MLP output instead of the MLP's units).
+ 4. steering along v (calibration failure-minus-healthy mean MLP output at the last prompt token): -alpha v
+    rescues, +alpha v induces, added to the MLP output at every position (prompt and generated tokens); each
+    direction's dose chosen on calibration, every alpha reported on evaluation beside a random direction of |v|;
+ 5. the top-k units along v (``--unit-rank``: by mean contribution on the calibration failures, activation x
+    W_out[u] . v/|v|, default; or by W_out[u] . v/|v| alone) against random-k sets, relative to the whole block's
+    repair (``--units sae --sae PATH``: the latents of a SAELens SAE at an MLP output instead of the MLP's units).
 
 Cost: the selection sweep (2 components x 30 layers on <= 32 + 32 calibration questions) is most of the run; the
 whole layer is silenced only at the identified layer (the paper's component control), not swept, so that the
@@ -41,18 +44,17 @@ say = cli.say("mlp_localize")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    data = cli.allow_all(cli.data(n=300, chunk=64, task="arc_easy"))  # --n: questions screened, or all of them
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                parents=[cli.common(out="runs/mlp_localize")])
-    p.add_argument("--task", default="arc_easy", help="multiple-choice task (arc_easy, arc_challenge, piqa, ...)")
-    p.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: embedded data)")
-    p.add_argument("--split", default=None, help="split (default: the task's default)")
-    p.add_argument("--n", type=cli.nonnegative_int, default=300, help="questions screened (default 300; 0 = all)")
-    p.add_argument("--fmt", default="native", choices=("native", "shared"), help="generation prompt format")
+                                parents=[cli.common(out="runs/mlp_localize"), data])
     p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
                    help="recognition: the gold option ranked first by summed (sum, default) or per-token (norm) "
                         "option log-likelihood")
     p.add_argument("--healthy-rule", default="already-correct", choices=localize.HEALTHY_RULES,
                    help="healthy panel: generated correctly (the paper's, default) or also recognized")
+    p.add_argument("--exclude-format-failures", action="store_true",
+                   help="leave greedy answers no letter was read from out of the failure set (default: counted in, "
+                        "and their number reported)")
     p.add_argument("--layers", type=localize.parse_layers, default=None, help="layers swept, e.g. '0-29' or '10,12'")
     p.add_argument("--layer-rule", default="net", choices=localize.LAYER_RULES,
                    help="identified MLP: largest repair - breakage (net, default) or largest repair (the paper's)")
@@ -65,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--alphas", type=cli.positive_float, nargs="+", default=[2.0, 4.0, 8.0],
                    help="steering doses: multiples of v added (-) or (+) (default 2 4 8)")
     p.add_argument("--unit-k", type=cli.positive_int, default=32, help="units in the top-k and each random set (32)")
+    p.add_argument("--unit-rank", default="contribution", choices=localize.UNIT_RANKS,
+                   help="top units by their mean contribution along v on the calibration failures (activation x "
+                        "W_out[u] . v/|v|; default) or by their output weights alone (W_out[u] . v/|v|)")
     p.add_argument("--random-seeds", type=cli.positive_int, default=5, help="random-unit control sets")
     p.add_argument("--units", default="mlp", choices=("mlp", "sae"),
                    help="top-k step over MLP units (default) or over the latents of an SAE at an MLP output (--sae)")
@@ -80,7 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--planted-share", type=cli.share, default=0.3, help="share of the pool the plant's units fire on")
     p.add_argument("--planted-strength", type=cli.positive_float, default=None,
                    help="strength of the plant (default: the smallest power of 2 that fails >= half of the measured)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if get_task(args.task).kind != "mc":
+        p.error(f"argument --task: {args.task!r} is not multiple choice: the failure criterion needs recognition")
+    if (args.units == "sae") != (args.sae is not None):
+        p.error("--units sae and --sae PATH go together (the latents of the SAE at PATH replace MLP units)")
+    return args
 
 
 def load_unit_sae(path, model):
@@ -101,16 +111,14 @@ def load_unit_sae(path, model):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if (args.units == "sae") != (args.sae is not None):
-        raise SystemExit("--units sae and --sae PATH go together (the latents of the SAE at PATH replace MLP units)")
     cli.setup(args)
     started = time.time()
     task = get_task(args.task)
-    if task.kind != "mc":
-        raise SystemExit(f"task {args.task!r} is not multiple choice: the failure criterion needs recognition")
-    questions = cli.questions(task, args.source, args.split, args.n or None, args.seed)
+    cli.check_formats(args.fmt, [task])
+    questions = cli.questions(task, args.source, args.split, args.n, args.seed)
     say(f"loading model {args.model or 'smollm2-135m-instruct (embedded)'}")
     model = cli.load(args)
+    args.fmt = cli.cell_format(args.fmt, task, model)  # auto: the chat template, or plain text without one
     if args.prune:
         model = prune_magnitude(model, args.prune)
     sae = load_unit_sae(args.sae, model) if args.sae else None
@@ -120,10 +128,10 @@ def main(argv=None) -> int:
         localize.check_layers([] if plant_layer is None else [plant_layer], model.cfg.n_layers)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    settings = {k: getattr(args, k) for k in ("recognition", "healthy_rule", "max_eval", "max_calibration",
-                                              "calibration_share", "alphas", "unit_k", "random_seeds", "prune",
-                                              "planted", "planted_units", "planted_k", "planted_share",
-                                              "planted_strength", "units")}
+    settings = {k: getattr(args, k) for k in ("recognition", "healthy_rule", "exclude_format_failures", "max_eval",
+                                              "max_calibration", "calibration_share", "alphas", "unit_k",
+                                              "unit_rank", "random_seeds", "prune", "planted", "planted_units",
+                                              "planted_k", "planted_share", "planted_strength", "units")}
     if sae is not None:  # which SAE's latents the units step silences: another SAE is another run
         from reach_lens.sae import describe_sae
         settings["sae"] = describe_sae(sae)
@@ -138,7 +146,7 @@ def main(argv=None) -> int:
     say(f"run directory {run_dir} (resumes if interrupted)")
 
     def screen(model, store, table: str):
-        rows = cli.resume(store, table, questions, 4 * args.batch_size, lambda part: localize.screen(
+        rows = cli.resume(store, table, questions, args.chunk, lambda part: localize.screen(
             model, task, part, args.fmt, args.recognition, batch_size=args.batch_size), desc=table)
         order = {q.id: i for i, q in enumerate(questions)}
         rows = rows[rows.question_id.isin(order)]
@@ -164,9 +172,10 @@ def main(argv=None) -> int:
     panels = store.read("panels")
     if not len(panels):
         panels = localize.build_panels(screened, args.seed, args.calibration_share, args.max_eval,
-                                       args.max_calibration, args.healthy_rule)
+                                       args.max_calibration, args.healthy_rule, args.exclude_format_failures)
         store.append("panels", panels)
-    eligible = {k: int(m.sum()) for k, m in localize.panel_masks(screened, args.healthy_rule).items()}
+    masks = localize.panel_masks(screened, args.healthy_rule, args.exclude_format_failures)
+    eligible = {k: int(m.sum()) for k, m in masks.items()}
     say(f"screened {len(screened)}: recognition {screened.recognized.mean():.1%}, generation "
         f"{screened.generated.mean():.1%}; eligible {eligible}; panels {localize.panel_sizes(panels)}")
     try:
@@ -186,7 +195,8 @@ def main(argv=None) -> int:
                                        localize.calibration_prompts(conditions, "healthy"), args.batch_size)
     steering, doses = localize.steering(conditions, layer, v, args.alphas)
     if sae is None:
-        units, units_layer = localize.unit_arms(conditions, layer, v, args.unit_k, args.random_seeds), None
+        units = localize.unit_arms(conditions, layer, v, args.unit_k, args.random_seeds, rank=args.unit_rank)
+        units_layer = None
     else:  # the SAE's own MLP, attached with its error term: the model's answers do not change
         from reach_lens.sae import attach
         units_layer = int(sae.cfg.metadata.hook_name.split(".")[1])
@@ -195,7 +205,8 @@ def main(argv=None) -> int:
         sae_v = v if units_layer == layer else localize.mlp_direction(
             model, units_layer, localize.calibration_prompts(conditions, "failure"),
             localize.calibration_prompts(conditions, "healthy"), args.batch_size)[0]
-        units = localize.unit_arms(latent_conditions, units_layer, sae_v, args.unit_k, args.random_seeds, sae=sae)
+        units = localize.unit_arms(latent_conditions, units_layer, sae_v, args.unit_k, args.random_seeds, sae=sae,
+                                   rank=args.unit_rank)
 
     study = localize.Study(tag=tag, settings={**vars(args), "layers": layers}, screened=screened, panels=panels,
                            eligible=eligible, sweep=sweep, layer=layer, evaluation=evaluation, margins=margins,

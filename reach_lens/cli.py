@@ -225,6 +225,24 @@ def _zero_shot(asked: str, chosen: str, zero_shot: bool) -> str:
     return "shared" if zero_shot and asked == "auto" and chosen == "fewshot" else chosen
 
 
+def positive_int_or_all(text: str) -> int | None:
+    """A positive integer, or ``all`` (None: every question the source holds)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} or 'all'") from None
+
+
+def allow_all(parser: argparse.ArgumentParser, dest: str = "n") -> argparse.ArgumentParser:
+    """``parser`` (a ``data`` parent) with its ``--n`` also taking ``all`` (``args.n`` None: every question)."""
+    (action,) = [a for a in parser._actions if a.dest == dest]
+    action.type = positive_int_or_all
+    action.help = f"{action.help}; 'all' for every question of the source"
+    return parser
+
+
 def resolve_device(name: str) -> str:
     """``auto`` is cuda when a GPU is present, else cpu; a named cuda device must exist."""
     if name == "auto":

@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random HookedTransformers with the embedded model's architecture; the rule for tests
-that need the benchmark files of ``../shared/data`` (``needs_shared_data``)."""
+"""Shared fixtures: tiny random HookedTransformers with the embedded model's architecture; the embedded model itself,
+loaded once per session (``embedded_model``, for integration tests); the rule for tests that need the benchmark
+files of ``../shared/data`` (``needs_shared_data``)."""
 import os
 from pathlib import Path
 
@@ -95,3 +96,13 @@ def one_thread_for_unit_tests(request):
 @pytest.fixture
 def tiny_model() -> HookedTransformer:
     return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> HookedTransformer:
+    """The embedded SmolLM2-135M-Instruct, loaded once for the whole session. Tests must not edit it in place (the
+    planted controls and SAE attachment work on copies or on new models sharing its tensors); the engine's prefix
+    cache it carries is reused across tests, which changes no result."""
+    from reach_lens.models import load_model
+
+    return load_model()

@@ -64,6 +64,24 @@ def test_healthy_panel_defaults_to_the_papers_already_correct_questions():
         localize.build_panels(screened, seed=0, healthy_rule="both")
 
 
+def test_format_failures_stay_in_the_failure_set_unless_excluded_and_are_counted():
+    screened = screened_table()
+    rng = np.random.default_rng(3)
+    screened["gen_format_ok"] = screened.generated | (rng.random(len(screened)) < 0.7)  # a right answer was read
+    failure = screened.recognized & ~screened.generated
+    unread = set(screened.question_id[failure & ~screened.gen_format_ok])
+    assert unread
+    kept = localize.build_panels(screened, seed=0)
+    assert unread <= set(kept.question_id[kept.panel == "failure"])  # wrong answers either way, by default
+    assert localize.format_failures(screened, kept.question_id[kept.panel == "failure"]) == len(unread)
+    dropped = localize.build_panels(screened, seed=0, exclude_format_failures=True)
+    assert set(dropped.question_id[dropped.panel == "failure"]) == set(screened.question_id[failure]) - unread
+    healthy = [p[p.panel == "healthy"].reset_index(drop=True) for p in (dropped, kept)]
+    assert healthy[0].equals(healthy[1])  # a healthy answer was read: the rule never touches that panel
+    masks = localize.panel_masks(screened, exclude_format_failures=True)
+    assert int(masks["failure"].sum()) == int(failure.sum()) - len(unread)
+
+
 def test_panel_caps_keep_the_lowest_hashes_of_each_split():
     screened = screened_table()
     full = localize.build_panels(screened, seed=2)

@@ -110,12 +110,70 @@ def test_each_steering_direction_gets_its_own_dose_chosen_on_calibration(tmp_pat
     ev = table[table.role == "evaluation"].set_index("alpha")
     assert ev.loc[8.0, "rescue"] == 0.2 and ev.loc[2.0, "rescue"] == 0.6 and ev.loc[2.0, "induction"] == 0.2
     assert set(table.role) == {"calibration", "evaluation", "random direction"}
-    rand = table[table.role == "random direction"]  # the control: a random direction of v's norm at each dose
+    rand = table[table.role == "random direction"]  # the control: a random direction of v's norm at EVERY dose
     doses_measured = list(zip(rand.alpha, rand.rescue.notna(), rand.induction.notna()))
-    assert doses_measured == [(8.0, True, False), (2.0, False, True)]
+    assert doses_measured == [(2.0, True, True), (4.0, True, True), (8.0, True, True)]
+    assert (rand.rescue_n == 10).all() and (rand.induction_n == 10).all()  # evaluation questions
+    random_calls = [(ivs[0], roles) for ivs, roles in conditions.calls 
+                    if not np.allclose(np.asarray(ivs[0].v.values), 1.0)]
+    assert len(random_calls) == 6 and all(roles == {"evaluation"} for _, roles in random_calls)
+    assert sorted(abs(iv.alpha) for iv, _ in random_calls) == [2.0, 2.0, 4.0, 4.0, 8.0, 8.0]
     steers = [iv for ivs, _ in conditions.calls for iv in ivs]
+    assert all(iv.positions is None for iv in steers)  # added at every position, generated tokens included
     norms = {round(float(np.linalg.norm(iv.v.values)), 4) for iv in steers}
     assert norms == {round(float(np.sqrt(tiny_model.cfg.d_model)), 4)} and len({iv.v for iv in steers}) == 2
+
+
+def study_script(interventions, role, panel, index):
+    if interventions and isinstance(interventions[0], Steer):
+        return steering_script(interventions, role, panel, index)
+    return silencing_script(interventions, role, panel, index)
+
+
+def scripted_study(tmp_path, tiny_model, **settings) -> localize.Study:
+    """A whole study on scripted answers; failures 0 and 1 of calibration and failure 0 of evaluation gave greedy
+    answers no letter was read from."""
+    conditions = scripted(tmp_path, tiny_model, study_script)
+    screened = pd.DataFrame([{"question_id": q.id, "recognized": q.id.startswith("failure"),
+                              "generated": q.id.startswith("healthy"),
+                              "gen_format_ok": q.id not in ("failure-calibration-0", "failure-calibration-1",
+                                                            "failure-evaluation-0")}
+                             for q in conditions.by_id.values()])
+    sweep = localize.selection_sweep(conditions, [0, 1, 2])
+    table, margins, verdict = localize.evaluate_choice(conditions, sweep, 2, "net", top=2)
+    steering, doses = localize.steering(conditions, 2, torch.ones(tiny_model.cfg.d_model), [2.0, 4.0, 8.0])
+    units = unit_rows(n=10).assign(space="MLP units", units=[[], [1, 2], [3, 4], [5, 6], [7, 8]], repair_lo=0.0,
+                                   repair_hi=1.0)
+    settings = {"task": "arc_easy", "fmt": "native", "recognition": "sum", "healthy_rule": "already-correct",
+                "calibration_share": 0.5, "max_calibration": 10, "max_eval": 10, "layer_rule": "net", "unit_k": 2,
+                "unit_rank": "contribution", "exclude_format_failures": False, **settings}
+    v_info = {"layer": 2, "n_failure": 10, "n_healthy": 10, "norm": 1.0, "mlp_out_norm": 2.0, "mean_abs_cosine": 0.1}
+    return localize.Study(tag="t", settings=settings, screened=screened, panels=conditions.panels,
+                          eligible={"failure": 20, "healthy": 20}, sweep=sweep, layer=2, evaluation=table,
+                          margins=margins, verdict=verdict, baseline=localize.baseline_check(conditions),
+                          v_info=v_info, steering=steering, doses=doses, units=units)
+
+
+def test_summary_says_where_v_is_measured_and_added_and_what_the_random_direction_did_at_each_dose(
+        tmp_path, tiny_model):
+    text = localize.summary(scripted_study(tmp_path, tiny_model))
+    steering = text[text.index("## Steering"):text.index("## Top-")]
+    assert "v is measured at the last prompt token only" in steering
+    assert "added to the output of MLP 2 at every position, each prompt token and each generated token" in steering
+    assert "rescue, random direction" in steering and "induction, random direction" in steering
+    rows = [line for line in steering.splitlines() if line.startswith(("| 2 ", "| 4 ", "| 8 "))]
+    assert len(rows) == 3 and all(row.count("/10;") == 6 for row in rows)  # six measured rates at every alpha
+
+
+def test_summary_counts_unparseable_greedy_answers_in_the_failure_set_and_names_the_unit_rule(tmp_path, tiny_model):
+    text = localize.summary(scripted_study(tmp_path, tiny_model))
+    assert ("Unparseable greedy answers (no letter read) among the failures: 3 of the 20 eligible, 2 calibration + "
+            "1 evaluation") in text
+    assert "Ranked by mean contribution on the calibration failures" in text and "rule 'contribution'" in text
+    text = localize.summary(scripted_study(tmp_path / "w", tiny_model, unit_rank="weights",
+                                           exclude_format_failures=True))
+    assert "Ranked by output weights alone" in text
+    assert "3 recognized questions, left out of the failure set (--exclude-format-failures)" in text
 
 
 def unit_rows(block_k=8, top_k=6, random_k=(1, 0, 2), n=10):

@@ -1,5 +1,6 @@
-"""End-to-end runs of experiments/mlp_localize.py on the embedded model (small n)."""
+"""End-to-end runs of experiments/mlp_localize.py on the embedded model (small n; the model loaded once per session)."""
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +19,14 @@ def load_script():
     return module
 
 
+@pytest.fixture
+def script(monkeypatch, embedded_model):
+    """The script, its model loads answered by the session's embedded model."""
+    module = load_script()
+    monkeypatch.setattr(module.cli, "load", lambda args, name=None: embedded_model)
+    return module
+
+
 def small_args(out: Path) -> list[str]:
     return ["--n", "50", "--layers", "12,24", "--max-eval", "6", "--max-calibration", "6", "--min-panel", "3",
             "--alphas", "4", "--random-seeds", "2", "--unit-k", "8", "--out", str(out / "runs"),
@@ -29,8 +38,7 @@ def tables(run_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 @pytest.mark.integration
-def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
-    script = load_script()
+def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch, script):
     assert script.main(small_args(tmp_path / "a")) == 0
     run_dir = next((tmp_path / "a" / "runs").iterdir())
     out = tables(run_dir)
@@ -49,17 +57,26 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
     assert evaluation.label.iloc[0] == "identified" and "best other MLP" in " ".join(evaluation.label)
     steering = out["steering"]
     assert set(steering.role) == {"calibration", "evaluation", "random direction"}
-    # the random direction is measured on evaluation only, at the doses calibration chose
-    chosen = set(steering[steering.role == "random direction"].alpha)
-    assert chosen <= set(steering[steering.role == "evaluation"].alpha) and len(chosen) >= 1
+    # the random direction is measured on evaluation only, at every alpha
+    random = steering[steering.role == "random direction"]
+    assert sorted(random.alpha) == sorted(steering[steering.role == "evaluation"].alpha)
+    assert random.rescue.notna().all() and random.induction.notna().all()
+    assert set(out["units"]["rank"]) == {"contribution"}
     summary = (run_dir / "summary.md").read_text()
     for text in ("Which split chose what", "rule 'already-correct'", "Runner-ups chosen on calibration",
-                 "paired, Newcombe 95%", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time"):
+                 "paired, Newcombe 95%", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time",
+                 "v is measured at the last prompt token only", "every position, each prompt token and each generated",
+                 "Unparseable greedy answers (no letter read) among the failures", "rule 'contribution'"):
         assert text in summary
     for name in ("layer_sweep", "steering", "units"):
         assert (run_dir / f"{name}.png").stat().st_size > 5000
 
-    # killed in the middle of the selection sweep, then resumed: the same tables as the uninterrupted run
+    # killed in the middle of the selection sweep, then resumed: the same tables as the uninterrupted run. The
+    # killed run had stored its screen and panels (as the first run did): its directory starts from those.
+    (tmp_path / "b" / "runs").mkdir(parents=True)
+    shutil.copytree(run_dir, tmp_path / "b" / "runs" / run_dir.name,
+                    ignore=lambda d, names: [n for n in names if n not in ("protocol.json", "screen", "panels")
+                                             and Path(d) == run_dir])
     from reach_lens import localize
     answer, calls = localize.Conditions.answer, []
 
@@ -70,6 +87,7 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
         return answer(self, questions, interventions)
 
     monkeypatch.setattr(localize.Conditions, "answer", dies_on_the_third_condition)
+    monkeypatch.setattr(localize, "screen", lambda *a, **k: pytest.fail("the screen was stored"))
     with pytest.raises(KeyboardInterrupt):
         script.main(small_args(tmp_path / "b"))
     monkeypatch.setattr(localize.Conditions, "answer", answer)
@@ -80,15 +98,13 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
 
     # a rerun over a finished directory recomputes nothing and reproduces every table
     monkeypatch.setattr(localize.Conditions, "answer", lambda *a: pytest.fail("recomputed a condition"))
-    monkeypatch.setattr(localize, "screen", lambda *a, **k: pytest.fail("recomputed the screen"))
     assert script.main(small_args(tmp_path / "a")) == 0
     for name, table in tables(run_dir).items():
         pd.testing.assert_frame_equal(table, out[name], obj=name)
 
 
 @pytest.mark.integration
-def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monkeypatch):
-    script = load_script()
+def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monkeypatch, script):
     from reach_lens import localize
     screen = localize.screen
     monkeypatch.setattr(localize, "screen", lambda *a, **k: screen(*a, **k).assign(generated=False))
@@ -100,13 +116,13 @@ def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monke
 
 
 @pytest.mark.integration
-def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
-    """The easy control: a push towards one letter at MLP 25's output, the same on every question."""
-    script = load_script()
+def test_bias_push_control_is_localized_to_its_mlp(tmp_path, script):
+    """The easy control: a push towards one letter at MLP 25's output, the same on every question, found among the
+    components of the layers around it (the full sweep is the documented --planted 25 run)."""
     planted = 25
     # PIQA: the push goes towards the pool's rarer gold letter, so only the few pool questions whose gold is that
     # letter stay healthy (6 of 49 here); a calibration share of 0.6 leaves 3 of them on each side of the split
-    args = ["--task", "piqa", "--planted", str(planted), "--n", "120", "--layers", "9,16,24,25", "--max-eval", "12",
+    args = ["--task", "piqa", "--planted", str(planted), "--n", "120", "--layers", "24,25", "--max-eval", "12",
             "--max-calibration", "12", "--min-panel", "2", "--calibration-share", "0.6", "--alphas", "4",
             "--random-seeds", "2", "--unit-k", "8", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "f")]
     assert script.main(args) == 0
@@ -123,7 +139,7 @@ def test_bias_push_control_is_localized_to_its_mlp(tmp_path):
 
 
 @pytest.mark.integration
-def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path, monkeypatch):
+def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path, monkeypatch, script):
     """--units sae --sae PATH: the top-k step silences SAE latents (the SAE attached with its error term); a run
     with another SAE is another protocol and another directory, never a reuse of the first one's rows."""
     sae_lens = pytest.importorskip("sae_lens", reason="SAELens is not installed (pip install -e '.[sae]')")
@@ -137,7 +153,6 @@ def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_
         sae_lens.StandardSAE(cfg).save_model(path)
         return path
 
-    script = load_script()
     args = small_args(tmp_path)
     args[args.index("--layers") + 1] = "24"
     assert script.main([*args, "--units", "sae", "--sae", str(saved_sae(0))]) == 0
@@ -167,17 +182,38 @@ def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_
 
 
 @pytest.mark.parametrize("bad", [["--layers", "3-x"], ["--alphas", "-2"], ["--max-eval", "0"], ["--n", "-1"],
+                                 ["--n", "0"], ["--n", "some"], ["--task", "nope"], ["--task", "gsm8k"],
                                  ["--calibration-share", "1"], ["--planted", "3", "--planted-units", "4"],
                                  ["--healthy-rule", "both"], ["--layer-rule", "biggest"], ["--prune", "1.5"],
-                                 ["--units", "sae", "--sae", "/no/such/sae"], ["--units", "latents"]])
+                                 ["--units", "sae", "--sae", "/no/such/sae"], ["--units", "latents"],
+                                 ["--units", "sae"], ["--unit-rank", "mass"]])
 def test_bad_arguments_are_refused_before_anything_loads(bad, capsys):
     with pytest.raises(SystemExit) as stop:
         load_script().parse_args(bad)
     assert stop.value.code == 2 and "error" in capsys.readouterr().err
 
 
-def test_units_sae_needs_an_sae_path_and_says_so_before_loading_anything(monkeypatch):
+def test_the_shared_data_arguments_take_n_all_and_name_what_they_refuse(tmp_path, monkeypatch, capsys):
     script = load_script()
+    args = script.parse_args([])
+    assert (args.task, args.n, args.fmt, args.unit_rank, args.exclude_format_failures) == \
+        ("arc_easy", 300, "native", "contribution", False)
+    seen = {}
+
+    def questions(task, source, split, n, seed):
+        seen["n"] = n
+        raise SystemExit("questions loaded")
+
+    monkeypatch.setattr(script.cli, "questions", questions)
     monkeypatch.setattr(script.cli, "load", lambda *a: pytest.fail("loaded a model"))
-    with pytest.raises(SystemExit, match="--units sae and --sae PATH go together"):
-        script.main(["--units", "sae"])
+    with pytest.raises(SystemExit, match="questions loaded"):
+        script.main(["--n", "all", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "f")])
+    assert seen["n"] is None  # every question of the source
+    for bad, says in ((["--n", "0"], "argument --n: 0 out of range: expected an integer >= 1 or 'all'"),
+                      (["--task", "gsm8k"], "argument --task: 'gsm8k' is not multiple choice"),
+                      (["--task", "nope"], "argument --task: invalid choice: 'nope'"),
+                      (["--units", "sae"], "--units sae and --sae PATH go together")):
+        with pytest.raises(SystemExit) as stop:
+            script.main([*bad, "--out", str(tmp_path / "runs")])
+        assert stop.value.code == 2 and says in capsys.readouterr().err
+    assert not seen.keys() - {"n"} and not (tmp_path / "runs").exists()

@@ -1,14 +1,15 @@
 """The MLP-localization study (the paper's Tables 3-4, Figures 4b and 5), as library parts.
 
-Vocabulary (DESIGN.md): a question is *recognized* when multiple-choice likelihood ranks its gold option first
+Vocabulary (docs/concepts.md): a question is *recognized* when multiple-choice likelihood ranks its gold option first
 and *generated* when greedy direct generation answers it correctly; the **failure set** is recognized but not
 generated, the **healthy panel** generated correctly (by default). Calibration questions choose; evaluation
 questions measure.
 
 Modules: ``panels`` (screen, panels and their checks), ``activations`` (last-token activations, logits, the
 direction v), ``conditions`` (stored greedy answers under interventions), ``steps`` (selection sweep,
-evaluation of the choice, steering, units), ``verdict`` (layer rules, runner-ups, paired margins, verdict),
-``plants`` and ``controls`` (planted failures for the positive controls), ``report`` (tables, figures, summary).
+evaluation of the choice, steering), ``units`` (the top-k units along v against random sets), ``verdict``
+(layer rules, runner-ups, paired margins, verdict), ``plants`` and ``controls`` (planted failures for the
+positive controls), ``report`` (tables, figures, summary).
 """
 
 from reach_lens.localize.activations import (last_prompt_activations, last_prompt_logits, mlp_direction,
@@ -16,19 +17,21 @@ from reach_lens.localize.activations import (last_prompt_activations, last_promp
 from reach_lens.localize.conditions import Conditions, panel_rates
 from reach_lens.localize.controls import PLANTS, control_pool, plant_control
 from reach_lens.localize.panels import (HEALTHY_RULES, RECOGNITION_RULES, PanelTooSmall, build_panels, check_panels,
-                                        panel_masks, panel_sizes, screen, split_value)
+                                        format_failures, panel_masks, panel_sizes, screen, split_value)
 from reach_lens.localize.plants import (answer_push, plant_answer_failure, plant_unit_failure, trigger_units,
                                         unit_plant_hooks)
 from reach_lens.localize.report import Study, summary, write_outputs
 from reach_lens.localize.steps import (SWEPT, baseline_check, calibration_prompts, check_layers, evaluate_choice,
-                                       parse_layers, selection_sweep, silence_name, steering, unit_arms)
+                                       parse_layers, selection_sweep, silence_name, steering)
+from reach_lens.localize.units import UNIT_RANKS, top_units, unit_arms, unit_scores
 from reach_lens.localize.verdict import (LAYER_RULES, identify_layer, margins, paired_difference, runner_ups,
                                          verdict)
 
 __all__ = ["Conditions", "HEALTHY_RULES", "LAYER_RULES", "PLANTS", "PanelTooSmall", "RECOGNITION_RULES", "SWEPT",
-           "Study", "answer_push", "baseline_check", "build_panels", "calibration_prompts", "check_layers",
-           "check_panels", "control_pool", "evaluate_choice", "identify_layer", "last_prompt_activations",
-           "last_prompt_logits", "margins", "mlp_direction", "paired_difference", "panel_masks", "panel_rates",
-           "panel_sizes", "parse_layers", "perturbed_last_activations", "plant_answer_failure", "plant_control", "plant_unit_failure",
-           "runner_ups", "screen", "selection_sweep", "silence_name", "split_value", "steering", "summary",
-           "trigger_units", "unit_arms", "unit_plant_hooks", "verdict", "write_outputs"]
+           "Study", "UNIT_RANKS", "answer_push", "baseline_check", "build_panels", "calibration_prompts",
+           "check_layers", "check_panels", "control_pool", "evaluate_choice", "format_failures", "identify_layer",
+           "last_prompt_activations", "last_prompt_logits", "margins", "mlp_direction", "paired_difference",
+           "panel_masks", "panel_rates", "panel_sizes", "parse_layers", "perturbed_last_activations",
+           "plant_answer_failure", "plant_control", "plant_unit_failure", "runner_ups", "screen", "selection_sweep",
+           "silence_name", "split_value", "steering", "summary", "top_units", "trigger_units", "unit_arms",
+           "unit_plant_hooks", "unit_scores", "verdict", "write_outputs"]

@@ -40,7 +40,8 @@ def screen(model: HookedTransformer, task: Task, questions: Sequence[Question], 
         raise ValueError(f"recognition rule {recognition!r} unknown; expected one of {RECOGNITION_RULES}")
     if task.kind != "mc":
         raise ValueError(f"task {task.name!r} is {task.kind}; recognition needs a multiple-choice task")
-    recog = probes.recognize(model, task, questions, hooks=hooks, batch_size=batch_size).set_index("question_id")
+    recog = pd.DataFrame(probes.recognize(model, task, questions, hooks=hooks, batch_size=batch_size)).set_index(
+        "question_id")
     deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
     pred_column = "pred_sum" if recognition == "sum" else "pred_norm"
     rows = []
@@ -58,19 +59,31 @@ def split_value(seed: int, question_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def panel_masks(screened: pd.DataFrame, healthy_rule: str = "already-correct") -> dict[str, pd.Series]:
-    """Boolean masks over ``screened`` rows: the failure set and the healthy panel under ``healthy_rule``."""
+def panel_masks(screened: pd.DataFrame, healthy_rule: str = "already-correct",
+                exclude_format_failures: bool = False) -> dict[str, pd.Series]:
+    """Boolean masks over ``screened`` rows: the failure set and the healthy panel under ``healthy_rule``; with
+    ``exclude_format_failures`` the failure set leaves out greedy answers no letter was read from
+    (``gen_format_ok`` False: the model said something, not a wrong option)."""
     if healthy_rule not in HEALTHY_RULES:
         raise ValueError(f"healthy rule {healthy_rule!r} unknown; expected one of {HEALTHY_RULES}")
     recognized, generated = screened.recognized.astype(bool), screened.generated.astype(bool)
     healthy = generated if healthy_rule == "already-correct" else recognized & generated
-    return {"failure": recognized & ~generated, "healthy": healthy}
+    failure = recognized & ~generated
+    if exclude_format_failures:
+        failure &= screened.gen_format_ok.astype(bool)
+    return {"failure": failure, "healthy": healthy}
+
+
+def format_failures(screened: pd.DataFrame, ids) -> int:
+    """How many of the questions ``ids`` have a greedy answer no letter was read from (``gen_format_ok`` False)."""
+    ok = screened.set_index("question_id").gen_format_ok.astype(bool)
+    return int((~ok.loc[list(ids)]).sum())
 
 
 def build_panels(screened: pd.DataFrame, seed: int, calibration_share: float = 0.5,
                  max_evaluation: int | None = None, max_calibration: int | None = None,
-                 healthy_rule: str = "already-correct") -> pd.DataFrame:
-    """Failure set and healthy panel, each split into calibration and evaluation questions.
+                 healthy_rule: str = "already-correct", exclude_format_failures: bool = False) -> pd.DataFrame:
+    """Failure set and healthy panel (``panel_masks``), each split into calibration and evaluation questions.
 
     The split depends on the id only (``split_value``), so it is independent of question order. The caps keep
     the lowest split values of each (panel, role); questions beyond a cap are left out of the study.
@@ -80,7 +93,7 @@ def build_panels(screened: pd.DataFrame, seed: int, calibration_share: float = 0
         raise ValueError(f"calibration_share {calibration_share} out of range: expected 0 < share < 1")
     caps = {"calibration": max_calibration, "evaluation": max_evaluation}
     rows = []
-    for panel, mask in panel_masks(screened, healthy_rule).items():
+    for panel, mask in panel_masks(screened, healthy_rule, exclude_format_failures).items():
         ids = sorted(screened.loc[mask, "question_id"], key=lambda i: split_value(seed, i))
         for role in ROLES:
             chosen = [i for i in ids if (split_value(seed, i) < calibration_share) == (role == "calibration")]

@@ -4,9 +4,11 @@
 2. ``evaluate_choice`` (evaluation): the identified MLP, attention and whole layer at its layer, the runner-ups
    chosen on calibration; paired margins and the verdict.
 3. ``steering``: rescue (-alpha v on failures) and induction (+alpha v on healthy questions) at each alpha on
-   both splits; each direction's dose is chosen on calibration and reported on evaluation.
-4. ``unit_arms`` (evaluation failures): the top-k units (or SAE latents) along v against random-k sets, relative
-   to the block.
+   both splits; each direction's dose is chosen on calibration and reported on evaluation; a random direction of
+   v's norm at every alpha on evaluation. v is measured at the last prompt token (``mlp_direction``); the
+   steering adds alpha v to the MLP output at EVERY position, the prompt's and each generated token's.
+4. ``units.unit_arms`` (evaluation failures): the top-k units (or SAE latents) along v against random-k sets,
+   relative to the block.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm import tqdm
 
-from reach_lens.hooks import Latents, Silence, Steer, Units, random_units, top_units_along, unit_output_mass
-from reach_lens.localize.activations import last_prompt_activations
+from reach_lens.hooks import Silence, Steer
 from reach_lens.localize.conditions import Conditions
 from reach_lens.localize.panels import ROLES
 from reach_lens.localize.verdict import component_name, margins, runner_ups, verdict
@@ -109,7 +110,9 @@ def baseline_check(conditions: Conditions) -> dict:
 def steering(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], alphas: Sequence[float],
              seed: int = 0):
     """Rescue and induction at each alpha on both splits, each direction's dose chosen on calibration, and a
-    random direction of v's norm at those doses on evaluation (the control that says whether v is special).
+    random direction of v's norm at every alpha on evaluation (the control that says whether v is special, at
+    every dose reported). ``alpha v`` is added at ``blocks.{layer}.hook_mlp_out`` at every position: each prompt
+    token and each generated token.
 
     Returns (table, doses): rows role ("calibration" | "evaluation" | "random direction"), alpha, rescue* (repair
     of the failures under -alpha v), induction* (breakage of the healthy questions under +alpha v); doses =
@@ -121,82 +124,23 @@ def steering(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], al
         rates = conditions.rates(name, role, (panel,))
         return {k.replace(measure, which): rates[k] for k in rates if measure in k}
 
+    noise = torch.randn(len(v), generator=torch.Generator().manual_seed(seed))
+    random = tuple((noise * v.norm() / noise.norm()).tolist())
     vector, rows = tuple(v.tolist()), []
     for role in ROLES:
         for alpha in tqdm(alphas, desc=f"steering at MLP {layer} ({role})", unit="alpha"):
             rows.append({"role": role, "alpha": alpha,
                          **run(f"steer-rescue-a{alpha:g}-L{layer}", vector, alpha, role, "rescue"),
                          **run(f"steer-induce-a{alpha:g}-L{layer}", vector, alpha, role, "induction")})
+    for alpha in tqdm(alphas, desc=f"random direction at MLP {layer} (evaluation)", unit="alpha"):
+        rows.append({"role": "random direction", "alpha": alpha,
+                     **run(f"steer-random{seed}-rescue-a{alpha:g}-L{layer}", random, alpha, "evaluation", "rescue"),
+                     **run(f"steer-random{seed}-induction-a{alpha:g}-L{layer}", random, alpha, "evaluation",
+                           "induction")})
     cal = pd.DataFrame(rows).query("role == 'calibration'")
     doses = {d: float(cal.sort_values([d, "alpha"], ascending=[False, True]).iloc[0].alpha)
              for d in ("rescue", "induction")}
-    noise = torch.randn(len(v), generator=torch.Generator().manual_seed(seed))
-    random = tuple((noise * v.norm() / noise.norm()).tolist())
-    for which, alpha in doses.items():
-        rows.append({"role": "random direction", "alpha": alpha,
-                     **run(f"steer-random{seed}-{which}-a{alpha:g}-L{layer}", random, alpha, "evaluation", which)})
     return pd.DataFrame(rows), doses
-
-
-def unit_arms(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], k: int, seeds: int,
-              sae=None) -> pd.DataFrame:
-    """Silence the top-``k`` units of MLP ``layer`` along v, and ``seeds`` random-``k`` sets (disjoint from the
-    top set), on the evaluation failures; the whole block's own repair is the reference.
-
-    With ``sae`` (a SAELens SAE attached at ``blocks.{layer}.hook_mlp_out`` of ``conditions.model``, a
-    ``HookedSAETransformer``; ``use_error_term=True`` keeps the model's answers unchanged), the arms are SAE
-    latents instead of MLP units: the top-``k`` latents whose decoder rows point along v, silenced with
-    ``Latents``, against random-``k`` latent sets.
-
-    Rows: arm (block | top | random), seed, units (unit or latent ids), repair*, repair_vs_block (NaN when the
-    block repairs nothing), mass (share of the block's, or the SAE decoder's, output mass at the last prompt token
-    of these questions).
-    """
-    model = conditions.model
-    if sae is None:
-        W_out = model.blocks[layer].mlp.W_out
-        top, size, kind = top_units_along(model, layer, v, k), model.cfg.d_mlp, "units"
-        hook = f"blocks.{layer}.mlp.hook_post"
-
-        def silence(ids):
-            return Units(layer, tuple(ids), "zero")
-
-        def mass(acts, ids):
-            return unit_output_mass(acts, W_out, ids)
-    else:
-        from reach_lens import sae as sae_lib  # the optional extra, only when asked for
-        point = sae.cfg.metadata.hook_name
-        if point != f"blocks.{layer}.hook_mlp_out" or sae_lib.latent_hook(sae) not in model.hook_dict:
-            raise ValueError(f"the SAE is at {point!r}; the latent arm needs one attached to the model at "
-                             f"'blocks.{layer}.hook_mlp_out' (where v lives)")
-        top, size, kind = sae_lib.top_latents_along(sae, v, k), sae.cfg.d_sae, "latents"
-        hook = sae_lib.latent_hook(sae)
-
-        def silence(ids):
-            return Latents(point, tuple(ids))
-
-        def mass(acts, ids):
-            return sae_lib.latent_output_mass(acts, sae, ids)
-    failures = conditions.questions("evaluation", ("failure",))
-    prompts = [conditions.task.prompt(q, conditions.fmt, model.tokenizer) for q in failures]
-    acts = last_prompt_activations(model, prompts, hook, conditions.batch_size)
-    block = silence_name("mlp", layer)
-    conditions.run(block, [Silence(layer, "mlp")], "evaluation", ("failure",))  # stored already at the identified layer
-    arms = [("top", None, top)]
-    arms += [("random", s, random_units(size, k, s, exclude=top)) for s in range(seeds)]
-    rows = [{"arm": "block", "seed": None, "units": [], "mass": 1.0,
-             **conditions.rates(block, "evaluation", ("failure",))}]
-    for arm, seed, ids in tqdm(arms, desc=f"{kind} at MLP {layer}", unit="set"):
-        name = f"{kind}-{arm}{k}" + (f"-s{seed}" if seed is not None else "") + f"-L{layer}"
-        conditions.run(name, [silence(ids)], "evaluation", ("failure",))
-        rows.append({"arm": arm, "seed": seed, "units": list(ids), "mass": mass(acts, ids),
-                     **conditions.rates(name, "evaluation", ("failure",))})
-    table = pd.DataFrame(rows).drop(columns=[c for c in ("breakage", "breakage_lo", "breakage_hi", "breakage_n",
-                                                         "breakage_k")])
-    whole = float(table.repair.iloc[0])
-    table["repair_vs_block"] = table.repair / whole if whole > 0 else np.nan
-    table["space"] = "SAE latents" if sae is not None else "MLP units"
-    return table
 
 
 def calibration_prompts(conditions: Conditions, panel: str) -> list[str]:
