@@ -6,10 +6,13 @@ layer routes), recognize (multiple-choice likelihood). Every probe runs on one g
     rows = deploy(model, task, questions, "native", hooks=Silence(12, "mlp").hooks(model))
     cands = sample(model, task, questions, "native", K=16, temperature=0.8, seed=0)
     routed = route(model, task, questions, "native", [[(0, 1, 1, 2, ...), ...], ...])   # routes per question
-    recog = recognize(model, task, questions)          # one DataFrame row per question
+    recog = recognize(model, task, questions)          # one dict per question
 
-Generation probes return candidate dicts (``records.candidate``): ``text``, ``answer``, ``correct``,
-``mean_logprob``, ``length``, ``entropy``, ``finish_reason``, ``route``, ``hidden``.
+Every probe returns plain dicts, one per question (``deploy``, ``recognize``) or K per question (``sample``,
+``route``: a list of K per question), so any of them is a table in one line (``pd.DataFrame(recog)``,
+``records.candidate_frame(questions, cands)``, ``records.record_table``). Generation probes return candidate
+dicts (``records.candidate``): ``text``, ``answer``, ``correct``, ``mean_logprob``, ``length``, ``entropy``,
+``finish_reason``, ``route``, ``hidden``.
 
 Seeds: sample k of question q draws with ``row_seed(question_seed(seed, q.id), k)``, so the samples of a
 question depend on (model, prompt, T, seed) only: not on the other questions of the call, their order, the
@@ -21,7 +24,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import pandas as pd
 from transformer_lens import HookedTransformer
 
 from reach_lens.generate import Engine, LoglikRequest, NonFiniteLogits, Request, engine_for, row_seed
@@ -113,14 +115,17 @@ def route(model: Model, task: Task, questions: Sequence[Question], fmt: str,
     return [[candidate(task, q, next(gens), keep_hidden) for _ in rs] for q, rs in zip(questions, routes)]
 
 
+RECOGNITION_KEYS = ("question_id", "gold_index", "loglik", "norm_loglik", "pred_sum", "pred_norm", "gold_rank")
+
+
 def recognize(model: Model, task: Task, questions: Sequence[Question], hooks: Hooks = (), batch_size: int = 32,
-              norm: str = "tokens") -> pd.DataFrame:
-    """Multiple-choice recognition by option log-likelihood, one row per question.
+              norm: str = "tokens") -> list[dict]:
+    """Multiple-choice recognition by option log-likelihood, one dict per question (``RECOGNITION_KEYS``).
 
     For each option, ``task.recognition_items`` gives (context, continuation); context and continuation are
     tokenized separately and concatenated (context with BOS as ``encode`` gives it, continuation without
     special tokens), and the continuation's log-likelihood is the sum of its tokens' log-probabilities.
-    Columns: ``question_id``, ``gold_index``, ``loglik`` (list over options), ``norm_loglik`` (loglik divided
+    Keys: ``question_id``, ``gold_index``, ``loglik`` (list over options), ``norm_loglik`` (loglik divided
     by the continuation's token count, ``norm="tokens"``, or by the option text's character count without
     the target delimiter, the leading space, ``norm="chars"``: exactly lm-evaluation-harness's acc_norm),
     ``pred_sum`` and ``pred_norm`` (argmax option index of each), ``gold_rank`` (1 + options with a higher
@@ -165,5 +170,4 @@ def recognize(model: Model, task: Task, questions: Sequence[Question], hooks: Ho
             "pred_norm": max(range(len(nll)), key=nll.__getitem__),
             "gold_rank": 1 + sum(x > ll[gold] for x in ll),
         })
-    return pd.DataFrame(rows, columns=["question_id", "gold_index", "loglik", "norm_loglik", "pred_sum",
-                                       "pred_norm", "gold_rank"])
+    return rows

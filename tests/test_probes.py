@@ -1,5 +1,6 @@
 """deploy / sample / recognize on a tiny random model with a character tokenizer (and the embedded model)."""
 
+import pandas as pd
 import pytest
 import torch
 from conftest import SHARED_DATA, make_tiny_model, needs_shared_data
@@ -7,7 +8,7 @@ from transformer_lens import HookedTransformer
 
 from reach_lens.generate import Engine, Request, engine_for
 from reach_lens.models import encode
-from reach_lens.probes import deploy, prompt_ids, question_seed, recognize, route, sample
+from reach_lens.probes import RECOGNITION_KEYS, deploy, prompt_ids, question_seed, recognize, route, sample
 from reach_lens.tasks import get_task
 from reach_lens.tasks.base import Question
 from reach_lens.tasks.mc import make_mc_question
@@ -119,7 +120,7 @@ def option_logliks(model, context: str, continuation: str) -> float:
 
 @pytest.mark.parametrize("norm", ["tokens", "chars"])
 def test_recognize_matches_unbatched_likelihoods(model, arc, questions, norm):
-    frame = recognize(model, arc, questions, batch_size=3, norm=norm)  # 9 sequences over 3 padded forwards
+    frame = pd.DataFrame(recognize(model, arc, questions, batch_size=3, norm=norm))  # 9 sequences over 3 padded forwards
     assert list(frame.columns) == ["question_id", "gold_index", "loglik", "norm_loglik", "pred_sum", "pred_norm",
                                    "gold_rank"]
     for q, row in zip(questions, frame.itertuples()):
@@ -143,7 +144,8 @@ def test_recognize_under_hooks_and_errors(model, arc, questions):
 
     plain = recognize(model, arc, questions)
     hooked = recognize(model, arc, questions, hooks=[("blocks.0.hook_attn_out", zero)])
-    assert hooked.loglik.tolist() != plain.loglik.tolist()
+    assert isinstance(plain, list) and set(plain[0]) == set(RECOGNITION_KEYS)  # one dict per question
+    assert [r["loglik"] for r in hooked] != [r["loglik"] for r in plain]
     assert not model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks
     with pytest.raises(ValueError, match="norm 'bytes' unknown"):
         recognize(model, arc, questions, norm="bytes")
@@ -178,7 +180,7 @@ def test_char_norm_divides_by_the_option_text_as_lm_eval_does(arc):
     """Options "a" and "bb" with log-likelihoods -2 and -3.5: per character of the option text (lm-eval's
     len(choice)) "bb" wins (-1.75 > -2); per character of the continuation " a" / " bb" "a" would (-1 > -1.17)."""
     q = make_mc_question("q", "Which?", ["a", "bb"], 1)
-    frame = recognize(FixedScores({" a": -2.0, " bb": -3.5}), arc, [q], norm="chars")
+    frame = pd.DataFrame(recognize(FixedScores({" a": -2.0, " bb": -3.5}), arc, [q], norm="chars"))
     assert frame.norm_loglik[0] == pytest.approx([-2.0, -1.75])
     assert frame.pred_norm[0] == 1 and frame.pred_sum[0] == 0
 
@@ -196,7 +198,7 @@ def test_embedded_model_probes_on_arc():
     rows = deploy(m, task, qs, "native")
     assert all(r["length"] <= task.max_new_tokens("native") for r in rows)
     assert sum(r["answer"] is not None for r in rows) >= 3  # the instruct model answers with a letter
-    frame = recognize(m, task, qs)
+    frame = pd.DataFrame(recognize(m, task, qs))
     context, continuations = task.recognition_items(qs[0])
     expected = [option_logliks(m, context, c) for c in continuations]
     assert frame.loglik[0] == pytest.approx(expected, abs=2e-3)
