@@ -5,7 +5,7 @@ question, under one protocol.
                                                           # first when missing), SQuAD audit split, n=300, K=16
     python experiments/rlvr_compare.py --task arc_easy    # the multiple-choice cell (its oracles beside the floor)
     python experiments/rlvr_compare.py --checkpoints rl=/path/to/rl sft=/path/to/sft --model /path/to/base \\
-        --task gsm8k --source ../shared/data/gsm8k/test.jsonl --audit-share 0.999 --K 100
+        --task gsm8k --source path/to/gsm8k/test.jsonl --audit-share 0.999 --K 100
 
 Every checkpoint answers the same audit questions (the audit side of the salted id-hash split; a checkpoint
 whose training ids include any of them is refused) with a greedy answer and 2K samples at T in the main

@@ -2,7 +2,7 @@
 and Figure 3b).
 
     python experiments/sampling_gap.py                     # embedded model x SQuAD, TriviaQA, ARC-Easy, arithmetic
-    python experiments/sampling_gap.py --tasks gsm8k --source ../shared/data/gsm8k/test.jsonl --n 50
+    python experiments/sampling_gap.py --tasks gsm8k --source path/to/gsm8k/test.jsonl --n 50
     python experiments/sampling_gap.py --models Qwen/Qwen2.5-0.5B-Instruct /path/to/ckpt --tasks arc_challenge
     python experiments/sampling_gap.py --tasks arc_easy --temperatures 0.2 0.5 0.8 1.1 --K 16
 

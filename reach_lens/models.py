@@ -265,7 +265,7 @@ def store_linear_weights_transposed(model: HookedTransformer) -> None:
 
     Same values, same shapes: the gated MLP and the unembedding are computed with
     ``F.linear(x, W.T.contiguous())``, the attention projections with similar reshapes, so with this
-    storage those copies are no-ops. This halves a CPU decode step (measured in DESIGN.md).
+    storage those copies are no-ops. This halves a CPU decode step of the embedded model.
     """
     matrices = [model.unembed._parameters.get("W_U")]
     for block in model.blocks:  # MoE blocks hold their experts as nn.Linear modules: nothing to do there

@@ -49,13 +49,14 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     fates = pd.read_csv(summary / "fates.csv").set_index("pair")
     moves = ["gains_from_reachable", "gains_from_unreachable", "losses", "entered_reachable", "left_reachable"]
     assert fates.loc[fates.index.str.contains("copy"), moves].to_numpy().sum() == 0
-    # the edited checkpoint is audited as itself: its own greedy texts and samples, not the base's again
+    # the edited checkpoint is audited as itself, its own greedy texts and samples, not the base's again (in SQuAD's
+    # RLVR format: the zero-shot shared text)
     def texts(label_dir):
-        parts = sorted(label_dir.glob("native/records/part-*.parquet"))
+        parts = sorted(label_dir.glob("shared/records/part-*.parquet"))
         df = pd.concat([pd.read_parquet(p) for p in parts]).set_index("question_id").sort_index()
         return [[t, *(c["text"] for c in cs)] for t, cs in zip(df.deployed_text, df.candidates)]
     run_root = summary.parent
-    by_name = {p.name: texts(p) for p in run_root.iterdir() if (p / "native").is_dir()}
+    by_name = {p.name: texts(p) for p in run_root.iterdir() if (p / "shared").is_dir()}
     assert len(by_name) == 3 and len({str(v) for v in by_name.values()}) == 2  # base == copy != edited
     t6 = pd.read_csv(summary / "table6_budget.csv")
     assert sorted(set(t6.K)) == [2, 4] and (t6.O_base <= 1).all()

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from reach_lens import plots
-from reach_lens.localize.panels import HEALTHY_RULE_TEXT, panel_sizes
+from reach_lens.localize.panels import HEALTHY_RULE_TEXT, format_failures, panel_sizes
+from reach_lens.localize.units import UNIT_RANK_TEXT
 from reach_lens.localize.verdict import RULE_TEXT, identify_layer
 
 
@@ -97,7 +98,7 @@ def _evaluation(s: Study) -> list[str]:
                      f"{rate_text(r._asdict(), 'breakage')} | {margin} |")
     lines += ["", "Verdict: " + s.verdict["text"]]
     if not s.planted and not s.verdict["locus"]:
-        lines[-1] += " Reported as found; the paper's 67.6-92.0% MLP repair is not reproduced here."
+        lines[-1] += " Reported as found; the source study's 67.6-92.0% MLP repair is not reproduced here."
     return lines
 
 
@@ -107,24 +108,27 @@ def _steering(s: Study) -> list[str]:
              f"v = mean MLP output (last prompt token) of {v['n_failure']} calibration failures minus that of "
              f"{v['n_healthy']} calibration healthy questions (|v| = {v['norm']:.2f}; mean MLP output norm there "
              f"{v['mlp_out_norm']:.2f}); alpha = 1 moves the failure mean onto the healthy mean. Rescue: -alpha v on "
-             "failures; induction: +alpha v on healthy questions.", "",
-             "| alpha | rescue, calibration | rescue, evaluation | induction, calibration | induction, evaluation |",
-             "|---|---|---|---|---|"]
+             "failures; induction: +alpha v on healthy questions. Where: v is measured at the last prompt token only; "
+             f"+-alpha v is added to the output of MLP {s.layer} at every position, each prompt token and each "
+             "generated token, for the whole greedy answer. The random direction (a Gaussian direction scaled to "
+             "|v|) is measured on evaluation at every alpha.", "",
+             "| alpha | rescue, calibration | rescue, evaluation | rescue, random direction | induction, calibration "
+             "| induction, evaluation | induction, random direction |", "|---|---|---|---|---|---|---|"]
+    rand = st[st.role == "random direction"].set_index("alpha")
     for alpha in sorted(st.alpha.unique()):
         c = st[(st.alpha == alpha) & (st.role == "calibration")].iloc[0].to_dict()
         e = st[(st.alpha == alpha) & (st.role == "evaluation")].iloc[0].to_dict()
-        lines.append(f"| {alpha:g} | {rate_text(c, 'rescue')} | {rate_text(e, 'rescue')} | "
-                     f"{rate_text(c, 'induction')} | {rate_text(e, 'induction')} |")
+        r = rand.loc[alpha].to_dict() if alpha in rand.index else None
+
+        def random(which: str) -> str:
+            return rate_text(r, which) if r is not None and np.isfinite(r.get(which, np.nan)) else "—"
+        lines.append(f"| {alpha:g} | {rate_text(c, 'rescue')} | {rate_text(e, 'rescue')} | {random('rescue')} | "
+                     f"{rate_text(c, 'induction')} | {rate_text(e, 'induction')} | {random('induction')} |")
     ev = st[st.role == "evaluation"].set_index("alpha")
     r, i = s.doses["rescue"], s.doses["induction"]
     lines += ["", f"Doses chosen on calibration (largest rate, smaller alpha on ties), reported on evaluation: rescue "
               f"alpha = {r:g}: {rate_text(ev.loc[r].to_dict(), 'rescue')}; induction alpha = {i:g}: "
               f"{rate_text(ev.loc[i].to_dict(), 'induction')}."]
-    rand = st[st.role == "random direction"]
-    if len(rand):
-        rr, ri = rand.dropna(subset=["rescue"]).iloc[0], rand.dropna(subset=["induction"]).iloc[0]
-        lines.append(f"A random direction of the same norm at those doses (evaluation): rescue "
-                     f"{rate_text(rr.to_dict(), 'rescue')}, induction {rate_text(ri.to_dict(), 'induction')}.")
     return lines
 
 
@@ -136,7 +140,11 @@ def _units(s: Study) -> list[str]:
     layer = s.units_layer if s.units_layer is not None else s.layer
     share = (f"{top.repair_vs_block:.0%} of the whole block's" if np.isfinite(top.repair_vs_block) else
              "the whole block repairs nothing, so no share of its")
-    lines = ["", f"## Top-{k} {what} along v at MLP {layer} (evaluation failures, n = {int(block.repair_n)})"]
+    rank = s.settings.get("unit_rank", "weights")
+    writes = "the decoder row d_i" if latents else "W_out[u]"
+    lines = ["", f"## Top-{k} {what} along v at MLP {layer} (evaluation failures, n = {int(block.repair_n)})",
+             f"Ranked by {UNIT_RANK_TEXT[rank].replace('w_u', writes)} (rule '{rank}'); chosen on the calibration "
+             "questions, measured on the evaluation failures."]
     if layer != s.layer:
         lines.append(f"The SAE sits at MLP {layer}, not at the identified MLP {s.layer}: v and the block reference "
                      f"below are those of MLP {layer} (v from the same calibration questions).")
@@ -179,6 +187,20 @@ def _planted(s: Study) -> tuple[list[str], list[str]]:
     return head, tail
 
 
+def _format_failures(s: Study) -> str:
+    """How many failure questions had a greedy answer no letter was read from, and what the run did with them."""
+    scr, panels = s.screened, s.panels
+    unread = ~scr.gen_format_ok.astype(bool) & scr.recognized.astype(bool) & ~scr.generated.astype(bool)
+    roles = {r: format_failures(scr, panels.question_id[(panels.panel == "failure") & (panels.role == r)])
+             for r in ("calibration", "evaluation")}
+    if s.settings.get("exclude_format_failures"):
+        return (f"Unparseable greedy answers (no letter read): {int(unread.sum())} recognized questions, left out of "
+                "the failure set (--exclude-format-failures).")
+    return (f"Unparseable greedy answers (no letter read) among the failures: {int(unread.sum())} of the "
+            f"{s.eligible['failure']} eligible, {roles['calibration']} calibration + {roles['evaluation']} "
+            "evaluation (counted as failures; --exclude-format-failures leaves them out).")
+
+
 def summary(s: Study) -> str:
     st, scr = s.settings, s.screened
     sizes = panel_sizes(s.panels)
@@ -189,6 +211,7 @@ def summary(s: Study) -> str:
              f"generation format failures {1 - scr.gen_format_ok.mean():.1%}.",
              f"Failure set (recognized, not generated): {s.eligible['failure']} eligible, "
              f"{sizes['failure', 'calibration']} calibration + {sizes['failure', 'evaluation']} evaluation. "
+             + _format_failures(s) + " "
              f"Healthy panel (rule '{st['healthy_rule']}': {HEALTHY_RULE_TEXT[st['healthy_rule']]}): "
              f"{s.eligible['healthy']} eligible, "
              f"{sizes['healthy', 'calibration']} calibration + {sizes['healthy', 'evaluation']} evaluation. Split: "

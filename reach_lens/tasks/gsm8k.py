@@ -22,7 +22,7 @@ region (``"16 - 3 - 4 = 9 eggs, 9 * 2 = $18."`` gives 18; a self-correction ``"5
 - **ambiguity**: a final number offered as one of alternatives with another value (``"5 or 6"``,
   ``"either 5 or 6"``, ``"6 (or 5)"``) gives None; ``"18 (or 18.0)"`` is one value and gives 18.
 
-Decision on ``"x = 5"`` (issue 12 lists ``"x = 5"`` vs 5 among the cases to settle): it IS the answer
+Decision on ``"x = 5"``: it IS the answer
 5, graded correct when the gold is 5. The final number stated after ``=`` is the model's committed
 value. The paper does not spell out its numeric grader; the usual ones count it (lm-evaluation-harness's
 GSM8K ``flexible-extract`` takes the last number, and math-verify, this project's math grader, unwraps
