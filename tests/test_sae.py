@@ -460,9 +460,10 @@ def test_protocols_see_attached_saes(plain):
 
 
 def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain, arc, questions, tmp_path):
-    """``localize.unit_arms(..., sae=...)``: the top arm silences exactly ``top_latents_along(sae, v, k)`` (its stored
-    answers equal a direct deploy under those Latents), the random arms are disjoint from it, and masses are
-    shares of the decoder's output; an SAE at another hook is refused."""
+    """``localize.unit_arms(..., sae=...)``: the top arm silences exactly the top latents along v by the rule (weights:
+    ``top_latents_along(sae, v, k)``; contribution: their mean activation on the calibration failures times the
+    decoder row along v), its stored answers equal a direct deploy under those Latents, the random arms are disjoint
+    from it, and masses are shares of the decoder's output; an SAE at another hook is refused."""
     import pandas as pd
 
     from reach_lens import localize
@@ -472,21 +473,29 @@ def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain,
     sae = make_sae(MLP, seed=4)
     sae_model = attach(plain, sae, use_error_term=True)
     try:
-        panels = pd.DataFrame([{"question_id": q.id, "panel": "failure", "role": "evaluation"} for q in questions])
+        roles = {"q1": "evaluation", "q2": "evaluation", "q3": "calibration"}
+        panels = pd.DataFrame([{"question_id": q.id, "panel": "failure", "role": roles[q.id]} for q in questions])
         store = RunStore(tmp_path, Protocol.of(study="test", model=plain, task=arc, questions=questions, fmt="shared",
                                                probe="screen"))
         conditions = localize.Conditions(sae_model, arc, "shared", store, panels, questions)
+        evaluated = questions[:2]
         v = torch.randn(32, generator=torch.Generator().manual_seed(0))
-        table = localize.unit_arms(conditions, 2, v, k=4, seeds=3, sae=sae)
-        top = table[table.arm == "top"].iloc[0]
-        assert list(top.units) == top_latents_along(sae, v, 4) and set(table.space) == {"SAE latents"}
-        for r in table[table.arm == "random"].itertuples():
-            assert len(r.units) == 4 and not set(r.units) & set(top.units)
-        direct = deploy(sae_model, arc, questions, "shared", hooks=Latents(MLP, tuple(top.units)).hooks(sae_model))
-        assert int(top.repair_k) == sum(d["correct"] for d in direct)
-        block = deploy(plain, arc, questions, "shared", hooks=Silence(2, "mlp").hooks(plain))
-        assert table.iloc[0].arm == "block" and int(table.iloc[0].repair_k) == sum(d["correct"] for d in block)
-        assert ((table.mass >= 0) & (table.mass <= 1)).all()
+        calibration = [arc.prompt(questions[2], "shared", plain.tokenizer)]
+        acts = localize.last_prompt_activations(sae_model, calibration, latent_hook(sae))
+        expected = {"weights": top_latents_along(sae, v, 4),
+                    "contribution": localize.top_units(localize.unit_scores(decoder_directions(sae), v, "contribution",
+                                                                            acts), 4)}
+        for rank, top_ids in expected.items():
+            table = localize.unit_arms(conditions, 2, v, k=4, seeds=3, sae=sae, rank=rank)
+            top = table[table.arm == "top"].iloc[0]
+            assert list(top.units) == top_ids and set(table.space) == {"SAE latents"} and set(table["rank"]) == {rank}
+            for r in table[table.arm == "random"].itertuples():
+                assert len(r.units) == 4 and not set(r.units) & set(top.units)
+            direct = deploy(sae_model, arc, evaluated, "shared", hooks=Latents(MLP, tuple(top.units)).hooks(sae_model))
+            assert int(top.repair_k) == sum(d["correct"] for d in direct)
+            block = deploy(plain, arc, evaluated, "shared", hooks=Silence(2, "mlp").hooks(plain))
+            assert table.iloc[0].arm == "block" and int(table.iloc[0].repair_k) == sum(d["correct"] for d in block)
+            assert ((table.mass >= 0) & (table.mass <= 1)).all()
         with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):
             localize.unit_arms(conditions, 1, v, k=4, seeds=1, sae=sae)
     finally:
