@@ -197,7 +197,7 @@ def test_the_shared_data_arguments_take_n_all_and_name_what_they_refuse(tmp_path
     script = load_script()
     args = script.parse_args([])
     assert (args.task, args.n, args.fmt, args.unit_rank, args.exclude_format_failures) == \
-        ("arc_easy", 300, "native", "contribution", False)
+        ("arc_easy", 300, "auto", "contribution", False)  # auto: the model's chat template, plain text without one
     seen = {}
 
     def questions(task, source, split, n, seed):
