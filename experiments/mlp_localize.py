@@ -44,7 +44,7 @@ say = cli.say("mlp_localize")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    data = cli.allow_all(cli.data(n=300, chunk=64, task="arc_easy"))  # --n: questions screened, or all of them
+    data = cli.data(n=300, chunk=64, task="arc_easy", n_all=True)  # --n: questions screened, or all of them
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 parents=[cli.common(out="runs/mlp_localize"), data])
     p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,

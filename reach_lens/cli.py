@@ -153,9 +153,11 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
     return p
 
 
-def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | None = None) -> argparse.ArgumentParser:
+def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | None = None,
+         n_all: bool = False) -> argparse.ArgumentParser:
     """Question-set arguments (an argparse parent): ``--task`` (default ``task``) or ``--tasks`` (default ``tasks``),
-    ``--source``, ``--split``, ``--n`` (default ``n``), ``--fmt`` and ``--chunk`` (questions per stored chunk)."""
+    ``--source``, ``--split``, ``--n`` (default ``n``; with ``n_all`` also ``all``: None, every question of the
+    source), ``--fmt`` and ``--chunk`` (questions per stored chunk)."""
     from reach_lens.tasks import TASK_NAMES
 
     p = argparse.ArgumentParser(add_help=False)
@@ -168,7 +170,9 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
                        help=f"task (default {task}; choices: {', '.join(TASK_NAMES)})")
     g.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the embedded data)")
     g.add_argument("--split", default=None, help="split of the source: test, validation, ... (default: the task's)")
-    g.add_argument("--n", type=positive_int, default=n, help=f"questions per task (default {n})")
+    g.add_argument("--n", type=positive_int_or_all if n_all else positive_int, default=n,
+                   help=f"questions per task (default {n}" + ("; 'all' for every question of the source)" if n_all
+                                                              else ")"))
     g.add_argument("--fmt", default="auto", choices=FORMATS,
                    help="prompt format: auto (default: each task's own, the few-shot text for short-answer tasks and "
                         "the chat template for the others, plain text for a model without one), native (the chat "
@@ -233,14 +237,6 @@ def positive_int_or_all(text: str) -> int | None:
         return positive_int(text)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"{e} or 'all'") from None
-
-
-def allow_all(parser: argparse.ArgumentParser, dest: str = "n") -> argparse.ArgumentParser:
-    """``parser`` (a ``data`` parent) with its ``--n`` also taking ``all`` (``args.n`` None: every question)."""
-    (action,) = [a for a in parser._actions if a.dest == dest]
-    action.type = positive_int_or_all
-    action.help = f"{action.help}; 'all' for every question of the source"
-    return parser
 
 
 def resolve_device(name: str) -> str:

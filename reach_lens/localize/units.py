@@ -21,6 +21,7 @@ from tqdm import tqdm
 from reach_lens.hooks import Latents, Silence, Units, check_layer, random_units, unit_output_mass
 from reach_lens.localize.activations import last_prompt_activations
 from reach_lens.localize.conditions import Conditions
+from reach_lens.localize.steps import silence_name
 
 UNIT_RANKS = ("contribution", "weights")
 UNIT_RANK_TEXT = {"contribution": "mean contribution on the calibration failures (activation at the last prompt "
@@ -103,7 +104,7 @@ def unit_arms(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], k
     scores = unit_scores(writes, v, rank, chosen_on)
     top = top_units(scores, k)
     acts = last_prompt_activations(model, prompts("evaluation"), hook, conditions.batch_size)
-    block = f"silence-mlp-{layer}"
+    block = silence_name("mlp", layer)
     conditions.run(block, [Silence(layer, "mlp")], "evaluation", ("failure",))  # stored already at the identified layer
     arms = [("top", None, top)]
     arms += [("random", s, random_units(size, k, s, exclude=top)) for s in range(seeds)]
