@@ -8,6 +8,11 @@ Parameters are bound by closure, never read back from `hook.name`.
 Hook points used (layer l): `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out` (what attention
 and MLP add to the residual stream), `blocks.{l}.hook_resid_pre/post`, `blocks.{l}.mlp.hook_post`
 (MLP hidden units, [batch, pos, d_mlp]) and `blocks.{l}.attn.hook_attn_scores` (position probe).
+
+A hook marked `positionwise` (`positionwise(fn)`) computes each position's output from that position's
+activation alone, by the same rule at every position and in every batch row. The generation engine may then
+run a token prefix that every prompt of a call shares once under the hooks, instead of once per prompt; an
+unmarked hook (any user hook, a hook at chosen positions) is never shared that way.
 """
 import hashlib
 import math
@@ -34,6 +39,16 @@ COMPONENT_HOOKS = {"attn": ("hook_attn_out",), "mlp": ("hook_mlp_out",), "layer"
 STEER_HOOKS = ("mlp_out", "attn_out", "resid_pre", "resid_post")
 SILENCE_MODES = ("zero", "mean")
 UNIT_MODES = ("keep", "zero", "scale")
+
+
+def positionwise(fn: HookFn) -> HookFn:
+    """Mark `fn` as acting on each position alone, the same way at every position (module docstring)."""
+    fn.positionwise = True
+    return fn
+
+
+def is_positionwise(fn: HookFn) -> bool:
+    return getattr(fn, "positionwise", False) is True
 
 
 def check_layer(layer: int, n_layers: int) -> None:
@@ -162,13 +177,13 @@ def silence_hooks(
     if mode == "zero":
         if mean is not None:
             raise ValueError("mode 'zero' takes no mean; use mode='mean'")
-        return [(name, lambda act, hook: torch.zeros_like(act)) for name in names]
+        return [(name, positionwise(lambda act, hook: torch.zeros_like(act))) for name in names]
     if mean is None or component == "layer":
         raise ValueError(f"mode 'mean' needs a mean and one component ('attn' or 'mlp'), got {component!r}")
     if mean.ndim not in (1, 2) or mean.shape[-1] != model.cfg.d_model:
         raise ValueError(f"mean of shape {tuple(mean.shape)}; expected [d_model] or [pos, d_model], d_model={model.cfg.d_model}")
     if mean.ndim == 1:
-        return [(names[0], lambda act, hook: mean.to(act).expand_as(act).clone())]
+        return [(names[0], positionwise(lambda act, hook: mean.to(act).expand_as(act).clone()))]
     tracker = PositionTracker(layer)
 
     def replace(act: Tensor, hook: HookPoint) -> Tensor:
@@ -206,7 +221,7 @@ def steer_hooks(
     name = f"blocks.{layer}.hook_{hook}"
     delta = alpha * v
     if positions is None:
-        return [(name, lambda act, hook: act + delta.to(act))]
+        return [(name, positionwise(lambda act, hook: act + delta.to(act)))]
     if len(positions) == 0:
         raise ValueError("positions is empty; pass None to steer every position")
     tracker = PositionTracker(layer)
@@ -237,7 +252,7 @@ def unit_hooks(model: HookedTransformer, layer: int, units: Sequence[int], mode:
     device = model.blocks[layer].mlp.W_out.device
     factors = torch.zeros(d_mlp, device=device) if mode == "keep" else torch.ones(d_mlp, device=device)
     factors[idx] = {"keep": 1.0, "zero": 0.0, "scale": factor}[mode]
-    return [(f"blocks.{layer}.mlp.hook_post", lambda act, hook: act * factors.to(act))]
+    return [(f"blocks.{layer}.mlp.hook_post", positionwise(lambda act, hook: act * factors.to(act)))]
 
 
 # ---------------------------------------------------------------- unit selection
@@ -621,7 +636,7 @@ class Latents(_Intervention):
         factors = torch.ones(d_sae)
         factors[list(self.latent_ids)] = 0.0 if self.mode == "zero" else self.factor
         name = f"{sae.cfg.metadata.hook_name_out or self.layer_hook}.hook_sae_acts_post"
-        return [(name, lambda act, hook: act * factors.to(act))]
+        return [(name, positionwise(lambda act, hook: act * factors.to(act)))]
 
 
 @dataclass(frozen=True)

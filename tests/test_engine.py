@@ -9,7 +9,7 @@ from reach_lens.generate import (Engine, EngineCapabilityError, Generation, Logl
                                  TransformerLensEngine, engine_for, first_hooked_layer, row_seed)
 from reach_lens.generate.attention import output_weight
 from reach_lens.generate.loop import embed, schedule
-from reach_lens.hooks import Silence, Steer, hooks_for
+from reach_lens.hooks import Silence, Steer, Units, hooks_for
 
 
 def reference(model: HookedTransformer, prompt, n, route=None, hooks=(), stop=None):
@@ -145,6 +145,39 @@ def test_prompts_sharing_first_tokens_compute_them_once_and_equal_the_reference(
     monkeypatch.undo()
     assert widths[0] == 4 and max(widths) == 4
     assert gen.tokens == reference(m, new_prompt, 4, hooks=HOOKS[hooks])[0]
+
+
+@pytest.mark.parametrize("which", ["model", "fallback_model"])
+def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(which, request, monkeypatch):
+    """Under positionwise hooks (silencing, steering every position, unit scaling) the hooked blocks see the
+    prompts' common prefix once and then only each prompt's own tokens; the answers equal uncached forwards. An
+    unmarked hook doing the same thing, and a hook at chosen positions, run every prompt's tokens in full."""
+    m = request.getfixturevalue(which)
+    shots = random_prompts([21], seed=7)[0]
+    tails = random_prompts([3, 9, 5], seed=8)
+    prompts = [shots + tail for tail in tails]
+    v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    zero_unmarked = [("blocks.2.hook_mlp_out", lambda a, hook: torch.zeros_like(a))]
+    cases = {"silence": (Silence(2, "mlp").hooks(m), True),
+             "steer+units": (Steer(2, v, 4.0).hooks(m) + Units(3, [1, 5], mode="scale", factor=3.0).hooks(m), True),
+             "unmarked": (zero_unmarked, False),
+             "positioned": (Steer(2, v, 4.0, positions=(22,)).hooks(m), False)}
+    for name, (hooks, shared) in cases.items():
+        widths = []
+        block = m.blocks[2]
+        monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
+            widths.append(resid.shape[1]), forward(resid, *a, **k))[1])
+        gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], hooks=hooks, batch_size=2)
+        monkeypatch.undo()
+        prefill_widths = sorted(w for w in widths if w > 1)  # decode steps run one token per row
+        if shared:
+            assert prefill_widths == sorted([len(shots), *map(len, tails)]), name
+        else:
+            assert prefill_widths == sorted(map(len, prompts)), name
+        for p, gen in zip(prompts, gens):
+            tokens, logprobs, _, _ = reference(m, p, 5, hooks=hooks)
+            assert gen.tokens == tokens, name
+            assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4), name
 
 
 def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alone(model):

@@ -28,6 +28,7 @@ from reach_lens.generate.choice import check_finite
 from reach_lens.generate.loop import DecodeLoop
 from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
+from reach_lens.hooks import is_positionwise
 from reach_lens.hooks import Hooks, validate_route
 from reach_lens.models import encode, model_fingerprint
 
@@ -165,11 +166,13 @@ class TransformerLensEngine(Engine):
         decode = None if tokenizer is None else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         eos = () if getattr(tokenizer, "eos_token_id", None) is None else (tokenizer.eos_token_id,)
         fast = fast_attention_supported(self.model)
+        # a shared token prefix may run once under the hooks only when they are all this call's and positionwise
+        positionwise = bool(hooks) and all(is_positionwise(fn) for _, fn in hooks) and not hooks_registered(self.model)
         with torch.no_grad(), self.model.hooks(fwd_hooks=list(hooks)), fast_attention(self.model, fast):
             hooked_from = first_hooked_layer(self.model)
             self.prefix_cache.validate(self._stamp(fast))
             prefiller = Prefiller(self.model, self.prefix_cache if self.share_prefixes else None, hooked_from,
-                                  share=self.share_prefixes)
+                                  share=self.share_prefixes, positionwise_hooks=positionwise)
             prefiller.share_common_prefix([r.prompt for r in requests])
             return DecodeLoop(self.model, requests, prefiller, decode, eos, batch_size).run()
 
@@ -268,6 +271,11 @@ def attached_saes(model: HookedTransformer) -> list[tuple[str, torch.nn.Module, 
                 "one position per step, so the engine cannot run it")
         found.append((name, module, sae))
     return found
+
+
+def hooks_registered(model: HookedTransformer) -> bool:
+    """Whether any forward hook is registered on the model's modules right now (ours or anyone's)."""
+    return any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
 
 
 def first_hooked_layer(model: HookedTransformer) -> int:

@@ -12,6 +12,10 @@ Three kinds of sharing, all exact:
   and values (attention is causal, so the first tokens' residuals and keys are the cached ones). Before a
   call, the longest token prefix common to all its prompts is prefilled once as such an entry
   (``share_common_prefix``), so the block is computed once per model, not once per question.
+- **shared tokens under hooks**: when every hook of the call is ``positionwise`` (``reach_lens.hooks``), the
+  blocks from the first hooked layer on also run that common prefix once per call, under the hooks, and each
+  prompt of the full path computes only its own tokens there, attending to the prefix's hooked keys and values
+  (a positionwise hook does to the prefix's positions what it would do inside every prompt).
 - **route trie**: routes of one prompt that share their first layers share those positions: the
   prefixes of a depth that end in the same layer run as one batch, each on its parent's residual.
 
@@ -125,12 +129,16 @@ class Prefiller:
     """Prefills of the (prompt, route) pairs of one engine call (see the module docstring).
 
     ``hooked_from`` is the first layer any hook of the call can touch (-1: the embedding is hooked; L: only
-    ``ln_final``/unembed or nothing), ``share`` turns both kinds of sharing off when False (a reference).
+    ``ln_final``/unembed or nothing), ``share`` turns every kind of sharing off when False (a reference),
+    ``positionwise_hooks`` says the call's hooks are all positionwise (shared tokens under hooks).
     """
 
-    def __init__(self, model: HookedTransformer, cache: PrefixCache | None, hooked_from: int, share: bool = True):
+    def __init__(self, model: HookedTransformer, cache: PrefixCache | None, hooked_from: int, share: bool = True,
+                 positionwise_hooks: bool = False):
         self.model, self.cache, self.hooked_from, self.share = model, cache, hooked_from, share
         self.n_layers = model.cfg.n_layers
+        self.positionwise_hooks = positionwise_hooks
+        self.hooked_prefix: tuple[Path, list[tuple[Tensor, Tensor]]] | None = None  # tokens, kv of hooked blocks
 
     # ---- pieces ---------------------------------------------------------------------------------
 
@@ -192,8 +200,15 @@ class Prefiller:
         shortest = min(distinct, key=len)
         while common < len(shortest) and all(p[common] == shortest[common] for p in distinct):
             common += 1
-        if common >= min_tokens:
-            self._clean(shortest[:common], min(self.hooked_from, self.n_layers))
+        if common < min_tokens:
+            return
+        clean = self._clean(shortest[:common], min(self.hooked_from, self.n_layers))
+        if self.positionwise_hooks and self.hooked_from < self.n_layers and common < len(shortest):
+            resid, kv = clean.resid[self.hooked_from], []
+            for layer in range(self.hooked_from, self.n_layers):
+                resid, entry = self._block(layer, resid)
+                kv.append(entry.row(0))
+            self.hooked_prefix = (shortest[:common], kv)
 
     def logits(self, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab"]:
         """Next-token logits from residuals entering ``ln_final`` (hooks on ln_final/unembed fire)."""
@@ -213,7 +228,23 @@ class Prefiller:
         with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
+            full = tuple(range(self.n_layers))
+            if self.hooked_prefix is not None and routes == [full] and prompt[:len(self.hooked_prefix[0])] == \
+                    self.hooked_prefix[0]:
+                return {full: self._after_hooked_prefix(prompt)}
             return self._shared(prompt, routes)
+
+    def _after_hooked_prefix(self, prompt: Path) -> Prefilled:
+        """The full path of a prompt that starts with the call's hooked common prefix: the clean blocks from the
+        cache, the hooked ones over the prompt's own tokens after the prefix (module docstring)."""
+        tokens, hooked_kv = self.hooked_prefix
+        clean = self._clean(prompt, self.hooked_from)
+        resid, kv = clean.resid[self.hooked_from][:, len(tokens):], list(clean.kv[:self.hooked_from])
+        for layer in range(self.hooked_from, self.n_layers):
+            resid, entry = self._block(layer, resid, past=hooked_kv[layer - self.hooked_from])
+            kv.append(entry.row(0))
+        hidden = resid[0, -1]
+        return Prefilled(kv, hidden, self.logits(hidden[None])[0])
 
     def _start(self, route: Path) -> int:
         """Positions of ``route`` served by the clean prefix."""

@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import Hooks, check_layer
+from reach_lens.hooks import Hooks, check_layer, positionwise
 
 
 def answer_push(model: HookedTransformer, target_token: int, away_from: Sequence[int]) -> Float[Tensor, "d_model"]:
@@ -126,7 +126,7 @@ def unit_plant_hooks(layer: int, units: Sequence[int], weights: Float[Tensor, "k
     def add(act: Tensor, hook) -> Tensor:
         return act + strength * seen.pop("score")[..., None] * push.to(act)
 
-    return [(f"blocks.{layer}.mlp.hook_post", read), (f"blocks.{layer}.hook_mlp_out", add)]
+    return [(f"blocks.{layer}.mlp.hook_post", positionwise(read)), (f"blocks.{layer}.hook_mlp_out", positionwise(add))]
 
 
 def plant_unit_failure(model: HookedTransformer, layer: int, units: Sequence[int], weights: Float[Tensor, "k"],
