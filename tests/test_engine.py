@@ -150,8 +150,9 @@ def test_prompts_sharing_first_tokens_compute_them_once_and_equal_the_reference(
 @pytest.mark.parametrize("which", ["model", "fallback_model"])
 def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(which, request, monkeypatch):
     """Under positionwise hooks (silencing, steering every position, unit scaling) the hooked blocks see the
-    prompts' common prefix once and then only each prompt's own tokens; the answers equal uncached forwards. An
-    unmarked hook doing the same thing, and a hook at chosen positions, run every prompt's tokens in full."""
+    prompts' common prefix once and then only each prompt's own tokens, batch_size prompts at a time (right-padded);
+    the answers equal uncached forwards. An unmarked hook doing the same thing, and a hook at chosen positions, run
+    every prompt's tokens in full, one prompt at a time."""
     m = request.getfixturevalue(which)
     shots = random_prompts([21], seed=7)[0]
     tails = random_prompts([3, 9, 5], seed=8)
@@ -166,14 +167,14 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
         widths = []
         block = m.blocks[2]
         monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
-            widths.append(resid.shape[1]), forward(resid, *a, **k))[1])
+            widths.append(tuple(resid.shape[:2])), forward(resid, *a, **k))[1])
         gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], hooks=hooks, batch_size=2)
         monkeypatch.undo()
-        prefill_widths = sorted(w for w in widths if w > 1)  # decode steps run one token per row
-        if shared:
-            assert prefill_widths == sorted([len(shots), *map(len, tails)]), name
+        prefills = [w for w in widths if w[1] > 1]  # decode steps run one token per row
+        if shared:  # the shots, then the own tokens of prompts 1-2 (3 and 9: padded to 9), then of prompt 3
+            assert prefills == [(1, len(shots)), (2, 9), (1, 5)], name
         else:
-            assert prefill_widths == sorted(map(len, prompts)), name
+            assert prefills == [(1, len(p)) for p in prompts], name
         for p, gen in zip(prompts, gens):
             tokens, logprobs, _, _ = reference(m, p, 5, hooks=hooks)
             assert gen.tokens == tokens, name

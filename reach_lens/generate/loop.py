@@ -134,7 +134,10 @@ class DecodeLoop:
         if route not in done:
             upcoming = [self.rows[r].route for r in self.waiting if self.rows[r].request.prompt == prompt]
             group = [r for r in dict.fromkeys([route, *upcoming]) if r not in done][:ROUTE_GROUP]
-            done.update(self.prefiller(prompt, group))
+            if self.prefiller.after_hooked_prefix(prompt, group):
+                self._full_paths_ahead(prompt)
+            else:
+                done.update(self.prefiller(prompt, group))
         found = done[route]
         need = self.need[prompt]
         need[route] -= 1
@@ -143,6 +146,21 @@ class DecodeLoop:
         if not need:
             del self.need[prompt], self.prefilled[prompt]
         return found
+
+    def _full_paths_ahead(self, prompt: Path) -> None:
+        """Prefill ``prompt`` with the next waiting prompts (up to ``batch_size`` in all) that also take the full
+        path after the hooked common prefix, as one batch (``Prefiller.full_paths``)."""
+        full = tuple(range(self.model.cfg.n_layers))
+        prompts = [prompt]
+        for row_id in self.waiting[: FIT_WINDOW * self.batch_size]:
+            if len(prompts) == self.batch_size:
+                break
+            other = self.rows[row_id].request.prompt
+            if other not in prompts and full not in self.prefilled.get(other, {}) and \
+                    self.prefiller.after_hooked_prefix(other, list(self.need[other])):
+                prompts.append(other)
+        for p, pre in zip(prompts, self.prefiller.full_paths(prompts)):
+            self.prefilled.setdefault(p, {})[full] = pre
 
     def _start(self, row_id: int) -> Prefilled:
         """Prefill (shared) and choose the row's first token."""

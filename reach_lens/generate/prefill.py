@@ -154,7 +154,8 @@ class Prefiller:
                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Entry]:
         """Block ``layer`` over rows of one prompt (no padding; several rows when route prefixes share a depth),
         with a fresh cache entry; positioned hooks see every row at the prompt's positions. ``past``: keys and
-        values (``[kv_head, p, d_head]``) of the prompt's first p tokens, which ``resid`` continues (one row)."""
+        values (``[kv_head, p, d_head]``) of the prompt's first p tokens, which every row of ``resid`` continues
+        (rows of different prompts after a common prefix: ``full_paths``)."""
         device = self._device(layer)
         batch, n = resid.shape[:2]
         start = 0 if past is None else past[0].shape[1]
@@ -228,23 +229,38 @@ class Prefiller:
         with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
-            full = tuple(range(self.n_layers))
-            if self.hooked_prefix is not None and routes == [full] and prompt[:len(self.hooked_prefix[0])] == \
-                    self.hooked_prefix[0]:
-                return {full: self._after_hooked_prefix(prompt)}
+            if self.after_hooked_prefix(prompt, routes):
+                return {routes[0]: self.full_paths([prompt])[0]}
             return self._shared(prompt, routes)
 
-    def _after_hooked_prefix(self, prompt: Path) -> Prefilled:
-        """The full path of a prompt that starts with the call's hooked common prefix: the clean blocks from the
-        cache, the hooked ones over the prompt's own tokens after the prefix (module docstring)."""
+    def after_hooked_prefix(self, prompt: Path, routes: Sequence[Path]) -> bool:
+        """Whether ``prompt``'s prefill of ``routes`` is the full path after the call's hooked common prefix
+        (``full_paths`` computes such prompts together)."""
+        if self.hooked_prefix is None or list(routes) != [tuple(range(self.n_layers))]:
+            return False
+        tokens = self.hooked_prefix[0]
+        return len(prompt) > len(tokens) and prompt[:len(tokens)] == tokens
+
+    def full_paths(self, prompts: Sequence[Path]) -> list[Prefilled]:
+        """Full-path prefills of prompts that start with the call's hooked common prefix (``after_hooked_prefix``):
+        the clean blocks from the cache, the hooked ones over the prompts' own tokens after the prefix, all
+        prompts in one right-padded batch (a row's real positions never attend to the padding after them)."""
         tokens, hooked_kv = self.hooked_prefix
-        clean = self._clean(prompt, self.hooked_from)
-        resid, kv = clean.resid[self.hooked_from][:, len(tokens):], list(clean.kv[:self.hooked_from])
-        for layer in range(self.hooked_from, self.n_layers):
-            resid, entry = self._block(layer, resid, past=hooked_kv[layer - self.hooked_from])
-            kv.append(entry.row(0))
-        hidden = resid[0, -1]
-        return Prefilled(kv, hidden, self.logits(hidden[None])[0])
+        c, h = len(tokens), self.hooked_from
+        cleans = [self._clean(p, h) for p in prompts]
+        own = [clean.resid[h][0, c:] for clean in cleans]  # [n_i, d_model] each
+        lengths = [len(o) for o in own]
+        resid = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)  # [batch, max n_i, d_model]
+        kvs = [list(clean.kv[:h]) for clean in cleans]
+        for layer in range(h, self.n_layers):
+            resid, entry = self._block(layer, resid, past=hooked_kv[layer - h])
+            for b, n in enumerate(lengths):
+                keys, values = entry.row(b)
+                kvs[b].append((keys[:, :c + n], values[:, :c + n]))
+        rows = torch.arange(len(prompts), device=resid.device)
+        hidden = resid[rows, torch.tensor(lengths, device=resid.device) - 1]
+        logits = self.logits(hidden)
+        return [Prefilled(kv, hidden[b], logits[b]) for b, kv in enumerate(kvs)]
 
     def _start(self, route: Path) -> int:
         """Positions of ``route`` served by the clean prefix."""
