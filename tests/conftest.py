@@ -41,6 +41,19 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    """The ``heavy`` tests first, longest first, each followed by one short test: on parallel workers that are sent
+    one test at a time (``--maxschedchunk=1``), the longest tests start at once on different workers and the short
+    ones fill in around them, instead of one worker running a long test last while the other waits."""
+    heavy = sorted((i for i in items if i.get_closest_marker("heavy")), key=lambda i: -i.get_closest_marker("heavy").args[0])
+    short = [i for i in items if not i.get_closest_marker("heavy")]
+    order = []
+    for item in heavy:
+        order += [item, *short[:1]]
+        short = short[1:]
+    items[:] = order + short
+
+
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs_shared_data"):
         require_shared_data(*marker.args)

@@ -367,6 +367,7 @@ def test_census_table_is_the_stored_screens(tiny):
 # ---------------------------------------------------------------- on the embedded model
 
 
+@pytest.mark.heavy(80)
 @pytest.mark.integration
 def test_sampling_gap_and_selection_on_the_embedded_model(tmp_path):
     figures = ["--figures", str(tmp_path / "figures"), "--n", "2", "--K", "2", "--T", "0.8", "--temperatures", "0.8"]

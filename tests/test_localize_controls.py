@@ -26,6 +26,7 @@ def piqa(embedded_model):
     return task, questions, localize.screen(embedded_model, task, questions, "native")
 
 
+@pytest.mark.heavy(450)
 @pytest.mark.integration
 @pytest.mark.parametrize("depth", sorted(STRENGTH))
 def test_selective_unit_plant_is_found_with_a_margin_over_every_swept_component(embedded_model, piqa, depth,

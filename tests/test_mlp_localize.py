@@ -37,6 +37,7 @@ def tables(run_dir: Path) -> dict[str, pd.DataFrame]:
     return {name: pd.read_csv(run_dir / f"{name}.csv") for name in TABLES}
 
 
+@pytest.mark.heavy(150)
 @pytest.mark.integration
 def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch, script):
     assert script.main(small_args(tmp_path / "a")) == 0
@@ -115,6 +116,7 @@ def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monke
         script.main(args)
 
 
+@pytest.mark.heavy(200)
 @pytest.mark.integration
 def test_bias_push_control_is_localized_to_its_mlp(tmp_path, script):
     """The easy control: a push towards one letter at MLP 25's output, the same on every question, found among the
@@ -138,6 +140,7 @@ def test_bias_push_control_is_localized_to_its_mlp(tmp_path, script):
     assert screen.recognized.mean() >= 0.9  # the edit barely moves recognition (the pool was all recognized)
 
 
+@pytest.mark.heavy(80)
 @pytest.mark.integration
 def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_path, monkeypatch, script):
     """--units sae --sae PATH: the top-k step silences SAE latents (the SAE attached with its error term); a run

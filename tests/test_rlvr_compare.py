@@ -17,6 +17,7 @@ def load_script(name: str):
     return module
 
 
+@pytest.mark.heavy(150)
 @pytest.mark.integration
 def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeypatch):
     from reach_lens import probes
