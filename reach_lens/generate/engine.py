@@ -28,8 +28,7 @@ from reach_lens.generate.choice import check_finite
 from reach_lens.generate.loop import DecodeLoop
 from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
-from reach_lens.hooks import is_positionwise
-from reach_lens.hooks import Hooks, validate_route
+from reach_lens.hooks import Hooks, is_positionwise, validate_route
 from reach_lens.models import encode, model_fingerprint
 
 CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")

@@ -152,10 +152,10 @@ class Prefiller:
 
     def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"],
                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Entry]:
-        """Block ``layer`` over rows of one prompt (no padding; several rows when route prefixes share a depth),
-        with a fresh cache entry; positioned hooks see every row at the prompt's positions. ``past``: keys and
-        values (``[kv_head, p, d_head]``) of the prompt's first p tokens, which every row of ``resid`` continues
-        (rows of different prompts after a common prefix: ``full_paths``)."""
+        """Block ``layer`` over rows of one prompt (several rows when route prefixes share a depth), or over the
+        right-padded own tokens of several prompts after a common prefix (``full_paths``, positionwise hooks
+        only), with a fresh cache entry; positioned hooks see every row at the prompt's positions. ``past``: keys
+        and values (``[kv_head, p, d_head]``) of the first p tokens, which every row of ``resid`` continues."""
         device = self._device(layer)
         batch, n = resid.shape[:2]
         start = 0 if past is None else past[0].shape[1]
@@ -229,13 +229,11 @@ class Prefiller:
         with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
-            if self.after_hooked_prefix(prompt, routes):
-                return {routes[0]: self.full_paths([prompt])[0]}
             return self._shared(prompt, routes)
 
     def after_hooked_prefix(self, prompt: Path, routes: Sequence[Path]) -> bool:
-        """Whether ``prompt``'s prefill of ``routes`` is the full path after the call's hooked common prefix
-        (``full_paths`` computes such prompts together)."""
+        """Whether ``prompt``'s prefill of ``routes`` is the full path after the call's hooked common prefix: then
+        ``full_paths`` computes it, together with other such prompts (the decode loop asks before calling)."""
         if self.hooked_prefix is None or list(routes) != [tuple(range(self.n_layers))]:
             return False
         tokens = self.hooked_prefix[0]
