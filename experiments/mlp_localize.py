@@ -46,7 +46,7 @@ say = cli.say("mlp_localize")
 def parse_args(argv=None) -> argparse.Namespace:
     data = cli.data(n=300, chunk=64, task="arc_easy", n_all=True)  # --n: questions screened, or all of them
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                parents=[cli.common(out="runs/mlp_localize"), data])
+                                parents=[cli.common(out="runs/mlp_localize", batch_size=64), data])
     p.add_argument("--recognition", default="sum", choices=localize.RECOGNITION_RULES,
                    help="recognition: the gold option ranked first by summed (sum, default) or per-token (norm) "
                         "option log-likelihood")

@@ -9,6 +9,7 @@ from reach_lens.generate import (Engine, EngineCapabilityError, Generation, Logl
                                  TransformerLensEngine, engine_for, first_hooked_layer, row_seed)
 from reach_lens.generate.attention import output_weight
 from reach_lens.generate.loop import embed, schedule
+from reach_lens.generate.prefill import padded_batches
 from reach_lens.hooks import Silence, Steer, Units, hooks_for
 
 
@@ -152,10 +153,10 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
     """Under positionwise hooks (silencing, steering every position, unit scaling) the hooked blocks see the
     prompts' common prefix once and then only each prompt's own tokens, batch_size prompts at a time (right-padded);
     the answers equal uncached forwards. An unmarked hook doing the same thing, and a hook at chosen positions, run
-    every prompt's tokens in full, one prompt at a time."""
+    every prompt's tokens in full, one prompt at a time, longest first."""
     m = request.getfixturevalue(which)
     shots = random_prompts([21], seed=7)[0]
-    tails = random_prompts([3, 9, 5], seed=8)
+    tails = random_prompts([3, 9, 8], seed=8)
     prompts = [shots + tail for tail in tails]
     v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(2))
     zero_unmarked = [("blocks.2.hook_mlp_out", lambda a, hook: torch.zeros_like(a))]
@@ -168,17 +169,31 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
         block = m.blocks[2]
         monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
             widths.append(tuple(resid.shape[:2])), forward(resid, *a, **k))[1])
-        gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], hooks=hooks, batch_size=2)
+        gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], hooks=hooks, batch_size=3)
         monkeypatch.undo()
         prefills = [w for w in widths if w[1] > 1]  # decode steps run one token per row
-        if shared:  # the shots, then the own tokens of prompts 1-2 (3 and 9: padded to 9), then of prompt 3
-            assert prefills == [(1, len(shots)), (2, 9), (1, 5)], name
+        if shared:  # the shots, then the own tokens of the 9- and 8-token tails padded to 9, then the 3-token tail
+            assert prefills == [(1, len(shots)), (2, 9), (1, 3)], name  # (3 tokens padded to 9: too much padding)
         else:
-            assert prefills == [(1, len(p)) for p in prompts], name
+            assert prefills == [(1, len(p)) for p in sorted(prompts, key=len, reverse=True)], name
         for p, gen in zip(prompts, gens):
             tokens, logprobs, _, _ = reference(m, p, 5, hooks=hooks)
             assert gen.tokens == tokens, name
             assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4), name
+
+
+def test_padded_batches_group_similar_lengths_and_bound_the_padding():
+    """Longest first; a batch closes when padding it to its longest prompt would add more than a quarter of its
+    tokens (10, 9, 8 padded to 10: 30 rows for 27 tokens; adding 3 would make 40 for 30)."""
+    assert padded_batches([3, 9, 8, 2, 10]) == [[4, 1, 2], [0, 3]]
+    assert padded_batches([5, 5, 5]) == [[0, 1, 2]]
+    assert padded_batches([4, 1], waste=0.0) == [[0], [1]]
+    assert padded_batches([]) == []
+    for lengths in ([7, 1, 3, 3, 12, 6, 6, 2], [1] * 5 + [40]):
+        batches = padded_batches(lengths)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        for b in batches:
+            assert max(lengths[i] for i in b) * len(b) <= 1.25 * sum(lengths[i] for i in b)
 
 
 def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alone(model):
@@ -296,7 +311,7 @@ def test_hooks_see_one_position_per_decode_step_and_are_removed(model):
         return act
 
     engine_for(model).generate([greedy(p, 3) for p in prompts], hooks=[("blocks.0.hook_resid_pre", record)])
-    assert shapes[:2] == [(1, 6), (1, 13)]  # each prompt prefilled alone
+    assert shapes[:2] == [(1, 13), (1, 6)]  # each prompt prefilled alone, the longest first
     assert shapes[2:] == [(2, 1), (2, 1)]  # then one position per decode step for both rows
     assert not model.hook_dict["blocks.0.hook_resid_pre"].fwd_hooks
 

@@ -221,8 +221,10 @@ def test_non_finite_logits_are_an_error_naming_the_question_in_every_probe(model
             return resid
         return [("blocks.1.hook_resid_post", write_nan)]
 
-    second = len(prompt_ids(model, arc, questions, "shared")[1])
-    assert len({len(p) for p in prompt_ids(model, arc, questions, "shared")}) == 3
+    lengths = [len(p) for p in prompt_ids(model, arc, questions, "shared")]
+    second = lengths[1]
+    assert len(set(lengths)) == 3
+    first_decoded = questions[lengths.index(max(lengths))].id  # rows start longest prompt first
     probes = {"deploy": lambda hooks: deploy(model, arc, questions, "shared", hooks=hooks, batch_size=1),
               "sample": lambda hooks: sample(model, arc, questions, "shared", K=2, temperature=0.8, seed=0,
                                              hooks=hooks, batch_size=1),
@@ -232,7 +234,7 @@ def test_non_finite_logits_are_an_error_naming_the_question_in_every_probe(model
         with pytest.raises(NonFiniteLogits, match=r"question 'q2': non-finite logits for request \d+ .* at generated "
                                                   r"token 0: .*a hook may have written non-finite values"):
             run(nan_for(second, decode_only=False))
-        with pytest.raises(NonFiniteLogits, match=r"question 'q1': .* at generated token 1\b"):
+        with pytest.raises(NonFiniteLogits, match=rf"question '{first_decoded}': .* at generated token 1\b"):
             run(nan_for(second, decode_only=True))
     with pytest.raises(NonFiniteLogits, match=r"question 'q\d': non-finite logits for loglik request \d+") as raised:
         recognize(model, arc, questions, hooks=[("blocks.0.hook_resid_post", lambda a, hook: a * float("nan"))])

@@ -26,7 +26,7 @@ from transformer_lens.utilities import apply_softcap
 from reach_lens.generate.attention import block_device, fast_attention, fast_attention_supported
 from reach_lens.generate.choice import check_finite
 from reach_lens.generate.loop import DecodeLoop
-from reach_lens.generate.prefill import Prefiller, PrefixCache
+from reach_lens.generate.prefill import Prefiller, PrefixCache, padded_batches
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
 from reach_lens.hooks import Hooks, is_positionwise, validate_route
 from reach_lens.models import encode, model_fingerprint
@@ -204,8 +204,9 @@ class TransformerLensEngine(Engine):
         return resid
 
     def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
-        """Summed log-probabilities, in right-padded forwards of ``batch_size`` sequences, longest first; only
-        the positions that predict continuation tokens go through the unembedding."""
+        """Summed log-probabilities, in right-padded forwards of at most ``batch_size`` sequences of similar
+        lengths, longest first (``padded_batches``); only the positions that predict continuation tokens go
+        through the unembedding."""
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
         model, device = self.model, self.model.embed.W_E.device
@@ -216,11 +217,11 @@ class TransformerLensEngine(Engine):
             if bad:
                 raise ValueError(f"loglik request {i}: token id {bad[0]} out of range for vocabulary size "
                                  f"{model.cfg.d_vocab}")
-        order = sorted(range(len(sequences)), key=lambda s: -len(sequences[s][0]))
+        chunks = [batch[i:i + batch_size] for batch in padded_batches([len(ids) for ids, _ in sequences])
+                  for i in range(0, len(batch), batch_size)]
         out = [0.0] * len(sequences)
         with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
-            for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
+            for chunk in chunks:
                 width = len(sequences[chunk[0]][0])
                 tokens = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
                 mask = torch.zeros_like(tokens)

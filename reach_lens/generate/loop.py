@@ -8,6 +8,8 @@
 - A row that ends frees its slot; the next waiting row whose route fits the schedule is prefilled (with the
   next routes of its prompt, ``ROUTE_GROUP`` at a time: ``prefill.Prefiller``) and written into it. When no
   waiting row fits, the batch drains and the next one starts with a new schedule.
+- Rows start longest prompt first (a prompt's rows together, its routes in order), so that a batch's prompts
+  have similar lengths and little of its padded work is padding.
 - Around every forward the rows' own positions are declared (``reach_lens.positions``), so positioned hooks
   act on each row's positions whatever its slot or the cache's padding.
 """
@@ -113,7 +115,10 @@ class DecodeLoop:
             for r in requests
         ]
         prompt_order = {p: i for i, p in enumerate(dict.fromkeys(r.prompt for r in requests))}
-        order = sorted(range(len(self.rows)), key=lambda i: (prompt_order[self.rows[i].request.prompt],
+        # longest prompt first: batches then hold prompts of similar lengths, so their right-padded prefills and
+        # decode widths carry little padding, and a later row rarely needs a wider cache
+        order = sorted(range(len(self.rows)), key=lambda i: (-len(self.rows[i].request.prompt),
+                                                             prompt_order[self.rows[i].request.prompt],
                                                              self.rows[i].route, i))
         self.waiting = order  # row ids in start order
         self.need: dict[Path, Counter[Path]] = {}  # rows still to start, per prompt and route

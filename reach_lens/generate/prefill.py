@@ -37,6 +37,8 @@ from transformer_lens.utilities import apply_softcap
 from reach_lens.generate.attention import Entry, block_device
 from reach_lens.positions import row_positions
 
+PADDING_WASTE = 0.25  # a right-padded prefill batch computes at most this share of its real tokens again as padding
+
 Path = tuple[int, ...]
 
 
@@ -118,6 +120,20 @@ class Prefilled:
     kv: list[tuple[Tensor, Tensor]]
     hidden: Tensor
     logits: Tensor
+
+
+def padded_batches(lengths: Sequence[int], waste: float = PADDING_WASTE) -> list[list[int]]:
+    """Indices of ``lengths`` grouped for right-padded batches, longest first: a batch closes when padding it to
+    its longest member would add more than ``waste`` of its real tokens (so a batch costs at most ``1 + waste``
+    times its tokens, however many prompts it holds)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        batch = batches[-1] if batches else None
+        if batch and lengths[batch[0]] * (len(batch) + 1) <= (1 + waste) * (sum(lengths[j] for j in batch) + lengths[i]):
+            batch.append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def clean_length(route: Path) -> int:
@@ -241,8 +257,16 @@ class Prefiller:
 
     def full_paths(self, prompts: Sequence[Path]) -> list[Prefilled]:
         """Full-path prefills of prompts that start with the call's hooked common prefix (``after_hooked_prefix``):
-        the clean blocks from the cache, the hooked ones over the prompts' own tokens after the prefix, all
-        prompts in one right-padded batch (a row's real positions never attend to the padding after them)."""
+        the clean blocks from the cache, the hooked ones over the prompts' own tokens after the prefix, in
+        right-padded batches of prompts of similar lengths (``padded_batches``; a row's real positions never
+        attend to the padding after them)."""
+        c = len(self.hooked_prefix[0])
+        out: dict[int, Prefilled] = {}
+        for batch in padded_batches([len(p) - c for p in prompts]):
+            out.update(zip(batch, self._full_paths_batch([prompts[i] for i in batch])))
+        return [out[i] for i in range(len(prompts))]
+
+    def _full_paths_batch(self, prompts: Sequence[Path]) -> list[Prefilled]:
         tokens, hooked_kv = self.hooked_prefix
         c, h = len(tokens), self.hooked_from
         cleans = [self._clean(p, h) for p in prompts]
