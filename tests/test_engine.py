@@ -153,14 +153,15 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
     """Under positionwise hooks (silencing, steering every position, unit scaling) the hooked blocks see the
     prompts' common prefix once and then only each prompt's own tokens, batch_size prompts at a time (right-padded);
     the answers equal uncached forwards. An unmarked hook doing the same thing, and a hook at chosen positions, run
-    every prompt's tokens in full, one prompt at a time, longest first."""
+    every prompt's tokens in full, one prompt at a time, longest first. Without hooks the prompts' clean prefills are
+    batched the same way, and cached: a second call prefills nothing."""
     m = request.getfixturevalue(which)
     shots = random_prompts([21], seed=7)[0]
     tails = random_prompts([3, 9, 8], seed=8)
     prompts = [shots + tail for tail in tails]
     v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(2))
     zero_unmarked = [("blocks.2.hook_mlp_out", lambda a, hook: torch.zeros_like(a))]
-    cases = {"silence": (Silence(2, "mlp").hooks(m), True),
+    cases = {"none": ([], True), "silence": (Silence(2, "mlp").hooks(m), True),
              "steer+units": (Steer(2, v, 4.0).hooks(m) + Units(3, [1, 5], mode="scale", factor=3.0).hooks(m), True),
              "unmarked": (zero_unmarked, False),
              "positioned": (Steer(2, v, 4.0, positions=(22,)).hooks(m), False)}
@@ -180,6 +181,14 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
             tokens, logprobs, _, _ = reference(m, p, 5, hooks=hooks)
             assert gen.tokens == tokens, name
             assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4), name
+    engine = TransformerLensEngine(m)
+    first = engine.generate([greedy(p, 5) for p in prompts])
+    widths = []
+    monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
+        widths.append(tuple(resid.shape[:2])), forward(resid, *a, **k))[1])
+    again = engine.generate([greedy(p, 5) for p in prompts])
+    monkeypatch.undo()
+    assert all(w[1] == 1 for w in widths) and [g.tokens for g in again] == [g.tokens for g in first]
 
 
 def test_padded_batches_group_similar_lengths_and_bound_the_padding():
@@ -375,6 +384,38 @@ def test_loglik_equals_an_unbatched_forward(model):
         n = len(r.context)
         expected = sum(float(logp[n - 1 + i, t]) for i, t in enumerate(r.continuation))
         assert s == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("which", ["model", "fallback_model"])
+def test_loglik_shares_each_context_and_equals_padded_sequences(which, request, monkeypatch):
+    """Requests with one context (a question's options) run the context once and their continuations on its keys
+    and values, also under a positionwise hook; the scores equal whole sequences run one at a time. A hook that is
+    not positionwise, and a model without the cached attention (fallback_model), run every request whole."""
+    m = request.getfixturevalue(which)
+    contexts = random_prompts([7, 3, 11], seed=4)
+    conts = random_prompts([1, 4, 2, 3, 1, 5], seed=5)
+    reqs = [LoglikRequest(contexts[k % 3], cont) for k, cont in enumerate(conts)] + [LoglikRequest(contexts[0], conts[2])]
+    v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    cases = {"none": ([], True), "positionwise": (Steer(1, v, 3.0).hooks(m), True),
+             "unmarked": ([("blocks.1.hook_mlp_out", lambda a, hook: a + 3.0 * v)], False)}
+    for name, (hooks, shared) in cases.items():
+        widths = []
+        embed = m.embed
+        monkeypatch.setattr(embed, "forward", lambda tokens, forward=embed.forward: (
+            widths.append(tuple(tokens.shape)), forward(tokens))[1])
+        scores = TransformerLensEngine(m).loglik(reqs, hooks=hooks, batch_size=4)
+        monkeypatch.undo()
+        if shared and which == "model":  # each context, then its continuations: contexts of 11 and 7 tokens pad
+            # well together but hold 2 + 3 > batch_size requests, so they run apart; the 3-token one pads badly
+            assert widths == [(1, 11), (2, 5), (1, 7), (3, 3), (1, 3), (2, 4)], name
+        else:
+            assert sum(w[0] for w in widths) == len(reqs), name
+        for r, score in zip(reqs, scores):
+            with torch.no_grad(), m.hooks(fwd_hooks=hooks):
+                logp = torch.log_softmax(m(torch.tensor([r.context + r.continuation]))[0], -1)
+            n = len(r.context)
+            assert score == pytest.approx(sum(float(logp[n - 1 + i, t]) for i, t in enumerate(r.continuation)),
+                                          abs=1e-4), name
 
 
 def test_bad_requests_name_the_value(model):

@@ -23,16 +23,16 @@ import torch
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
-from reach_lens.generate.attention import block_device, fast_attention, fast_attention_supported
+from reach_lens.generate.attention import fast_attention, fast_attention_supported
 from reach_lens.generate.choice import check_finite
 from reach_lens.generate.loop import DecodeLoop
-from reach_lens.generate.prefill import Prefiller, PrefixCache, padded_batches
+from reach_lens.generate.loglik import padded_rows, shared_context_rows
+from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
 from reach_lens.hooks import Hooks, is_positionwise, validate_route
 from reach_lens.models import encode, model_fingerprint
 
 CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")
-CPU = torch.device("cpu")
 _BLOCK = re.compile(r"^blocks\.(\d+)(\.|$)")
 
 
@@ -165,8 +165,9 @@ class TransformerLensEngine(Engine):
         decode = None if tokenizer is None else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         eos = () if getattr(tokenizer, "eos_token_id", None) is None else (tokenizer.eos_token_id,)
         fast = fast_attention_supported(self.model)
-        # a shared token prefix may run once under the hooks only when they are all this call's and positionwise
-        positionwise = bool(hooks) and all(is_positionwise(fn) for _, fn in hooks) and not hooks_registered(self.model)
+        # prompts' full paths are batched, and a shared token prefix runs once under the hooks, only when every hook
+        # that runs is this call's and positionwise (or none runs)
+        positionwise = all(is_positionwise(fn) for _, fn in hooks) and not hooks_registered(self.model)
         with torch.no_grad(), self.model.hooks(fwd_hooks=list(hooks)), fast_attention(self.model, fast):
             hooked_from = first_hooked_layer(self.model)
             self.prefix_cache.validate(self._stamp(fast))
@@ -192,61 +193,38 @@ class TransformerLensEngine(Engine):
 
     # ---- loglik ---------------------------------------------------------------------------------
 
-    def _forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Residuals entering ``ln_final`` of right-padded sequences ``[batch, pos]``, each block run where its
-        parameters live (so models split over devices work)."""
-        model = self.model
-        resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=mask)
-        for layer, block in enumerate(model.blocks):
-            device = block_device(model, layer)
-            resid = block(resid.to(device), attention_mask=mask.to(device),
-                          shortformer_pos_embed=None if shortformer is None else shortformer.to(device))
-        return resid
-
     def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
-        """Summed log-probabilities, in right-padded forwards of at most ``batch_size`` sequences of similar
-        lengths, longest first (``padded_batches``); only the positions that predict continuation tokens go
-        through the unembedding."""
+        """Summed log-probabilities, in forwards of at most ``batch_size`` requests of similar lengths
+        (``reach_lens.generate.loglik``): requests that share a context share its forward when the model runs the
+        engine's cached attention and every hook is positionwise, otherwise each runs as one padded sequence.
+        Only the positions that predict continuation tokens go through the unembedding."""
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
-        model, device = self.model, self.model.embed.W_E.device
+        model = self.model
         attached_saes(model)  # refuses SAE settings a block-by-block forward would not reproduce
-        sequences = [(r.context + r.continuation, len(r.continuation)) for r in requests]
-        for i, (ids, _) in enumerate(sequences):
-            bad = [t for t in ids if not 0 <= t < model.cfg.d_vocab]
+        for i, r in enumerate(requests):
+            bad = [t for t in r.context + r.continuation if not 0 <= t < model.cfg.d_vocab]
             if bad:
                 raise ValueError(f"loglik request {i}: token id {bad[0]} out of range for vocabulary size "
                                  f"{model.cfg.d_vocab}")
-        chunks = [batch[i:i + batch_size] for batch in padded_batches([len(ids) for ids, _ in sequences])
-                  for i in range(0, len(batch), batch_size)]
-        out = [0.0] * len(sequences)
-        with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
-            for chunk in chunks:
-                width = len(sequences[chunk[0]][0])
-                tokens = torch.zeros((len(chunk), width), dtype=torch.long, device=device)
-                mask = torch.zeros_like(tokens)
-                rows, positions, targets = [], [], []
-                for r, s in enumerate(chunk):
-                    ids, n = sequences[s]
-                    tokens[r, : len(ids)] = torch.tensor(ids, device=device)
-                    mask[r, : len(ids)] = 1
-                    rows += [r] * n
-                    positions += range(len(ids) - n - 1, len(ids) - 1)
-                    targets += ids[len(ids) - n:]
-                resid = self._forward(tokens, mask)
-                picked = resid[torch.tensor(rows, device=resid.device), torch.tensor(positions, device=resid.device)]
-                picked = picked.to(model.unembed.W_U.device)
+        fast = fast_attention_supported(model)
+        shared = self.share_prefixes and fast and all(is_positionwise(fn) for _, fn in hooks) \
+            and not hooks_registered(model)
+        out = [0.0] * len(requests)
+        with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)), fast_attention(model, fast):
+            chunks = (shared_context_rows if shared else padded_rows)(model, requests, batch_size)
+            for owners, resid, targets in chunks:
+                picked = resid.to(model.unembed.W_U.device)
                 if model.cfg.normalization_type is not None:
                     picked = model.ln_final(picked[None])[0]
                 logits = apply_softcap(model.unembed(picked[None])[0], model.cfg.output_logits_soft_cap).float()
-                check_finite(logits, [chunk[r] for r in rows],
-                             lambda bad: f"loglik request {bad} (context of {len(requests[bad].context)} tokens)")
+                check_finite(logits, owners, lambda bad: f"loglik request {bad} (context of "
+                                                         f"{len(requests[bad].context)} tokens)")
                 logp = torch.log_softmax(logits, dim=-1)
-                token_logp = logp[torch.arange(len(targets), device=logp.device), torch.tensor(targets, device=logp.device)]
-                sums = torch.zeros(len(chunk), dtype=torch.float64, device=CPU).index_add_(
-                    0, torch.tensor(rows, device=CPU), token_logp.double().cpu())
-                for r, s in enumerate(chunk):
-                    out[s] = float(sums[r])
+                token_logp = logp[torch.arange(len(targets), device=logp.device),
+                                  torch.tensor(targets, device=logp.device)]
+                for owner, value in zip(owners, token_logp.double().cpu().tolist()):
+                    out[owner] += value
         return out
 
 

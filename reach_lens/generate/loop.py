@@ -139,7 +139,7 @@ class DecodeLoop:
         if route not in done:
             upcoming = [self.rows[r].route for r in self.waiting if self.rows[r].request.prompt == prompt]
             group = [r for r in dict.fromkeys([route, *upcoming]) if r not in done][:ROUTE_GROUP]
-            if self.prefiller.after_hooked_prefix(prompt, group):
+            if self.prefiller.batched_full_path(prompt, group):
                 self._full_paths_ahead(prompt)
             else:
                 done.update(self.prefiller(prompt, group))
@@ -153,8 +153,8 @@ class DecodeLoop:
         return found
 
     def _full_paths_ahead(self, prompt: Path) -> None:
-        """Prefill ``prompt`` with the next waiting prompts (up to ``batch_size`` in all) that also take the full
-        path after the hooked common prefix, as one batch (``Prefiller.full_paths``)."""
+        """Prefill ``prompt`` with the next waiting prompts (up to ``batch_size`` in all) whose full paths are also
+        batched (``Prefiller.batched_full_path``), together (``Prefiller.full_paths``)."""
         full = tuple(range(self.model.cfg.n_layers))
         prompts = [prompt]
         for row_id in self.waiting[: FIT_WINDOW * self.batch_size]:
@@ -162,7 +162,7 @@ class DecodeLoop:
                 break
             other = self.rows[row_id].request.prompt
             if other not in prompts and full not in self.prefilled.get(other, {}) and \
-                    self.prefiller.after_hooked_prefix(other, list(self.need[other])):
+                    self.prefiller.batched_full_path(other, list(self.need[other])):
                 prompts.append(other)
         for p, pre in zip(prompts, self.prefiller.full_paths(prompts)):
             self.prefilled.setdefault(p, {})[full] = pre

@@ -146,7 +146,8 @@ class Prefiller:
 
     ``hooked_from`` is the first layer any hook of the call can touch (-1: the embedding is hooked; L: only
     ``ln_final``/unembed or nothing), ``share`` turns every kind of sharing off when False (a reference),
-    ``positionwise_hooks`` says the call's hooks are all positionwise (shared tokens under hooks).
+    ``positionwise_hooks`` says every hook the call runs is positionwise, or that it runs none (then full-path
+    prefills are batched, and a common prefix runs once under the hooks).
     """
 
     def __init__(self, model: HookedTransformer, cache: PrefixCache | None, hooked_from: int, share: bool = True,
@@ -206,6 +207,45 @@ class Prefiller:
             self.cache.put(prompt, found)
         return found
 
+    def _clean_many(self, prompts: Sequence[Path], depth: int) -> list[CleanPrefix]:
+        """``_clean`` of several prompts: those with nothing cached that extend the same cached prompt (or none) run
+        their own tokens through the first ``depth`` blocks in right-padded batches of similar lengths."""
+        found: dict[Path, CleanPrefix] = {}
+        groups: dict[Path | None, list[Path]] = {}
+        for p in dict.fromkeys(prompts):
+            cached = self.cache.get(p) if self.cache is not None else None
+            if cached is not None:
+                found[p] = cached if cached.depth >= depth else self._clean(p, depth)
+            else:
+                groups.setdefault(self.cache.longest_prefix(p) if self.cache is not None else None, []).append(p)
+        for base, members in groups.items():
+            clean = self._clean(base, depth) if base is not None else None
+            start = 0 if base is None else len(base)
+            for batch in padded_batches([len(p) - start for p in members]):
+                chosen = [members[i] for i in batch]
+                found.update(zip(chosen, self._clean_batch(chosen, clean, start, depth)))
+        return [found[p] for p in prompts]
+
+    def _clean_batch(self, prompts: Sequence[Path], base: CleanPrefix | None, start: int,
+                     depth: int) -> list[CleanPrefix]:
+        """Clean prefixes of ``prompts`` that all extend ``base`` (their first ``start`` tokens; None: start 0),
+        their own tokens right-padded into one batch; each is cached."""
+        prefixes = [CleanPrefix([self._embed(p)], []) for p in prompts]
+        lengths = [len(p) - start for p in prompts]
+        resid = torch.nn.utils.rnn.pad_sequence([c.resid[0][0, start:] for c in prefixes], batch_first=True)
+        for layer in range(depth):
+            resid, entry = self._block(layer, resid, past=None if base is None else base.kv[layer])
+            for b, (prefix, n) in enumerate(zip(prefixes, lengths)):
+                keys, values = entry.row(b)
+                prefix.kv.append((keys[:, :start + n].clone(), values[:, :start + n].clone()))
+                own = resid[b:b + 1, :n]
+                prefix.resid.append(own.clone() if base is None else
+                                    torch.cat([base.resid[layer + 1].to(own.device), own], dim=1))
+        if self.cache is not None:
+            for p, prefix in zip(prompts, prefixes):
+                self.cache.put(p, prefix)
+        return prefixes
+
     def share_common_prefix(self, prompts: Sequence[Path], min_tokens: int = 16) -> None:
         """Prefill the longest token prefix common to ``prompts`` (at least two distinct ones) as a cache entry, so
         that each prompt's clean prefix is computed only after it (module docstring). Nothing happens without a
@@ -247,19 +287,27 @@ class Prefiller:
                 return {r: self._alone(prompt, r) for r in routes}
             return self._shared(prompt, routes)
 
-    def after_hooked_prefix(self, prompt: Path, routes: Sequence[Path]) -> bool:
-        """Whether ``prompt``'s prefill of ``routes`` is the full path after the call's hooked common prefix: then
-        ``full_paths`` computes it, together with other such prompts (the decode loop asks before calling)."""
-        if self.hooked_prefix is None or list(routes) != [tuple(range(self.n_layers))]:
+    def batched_full_path(self, prompt: Path, routes: Sequence[Path]) -> bool:
+        """Whether ``prompt``'s prefill of ``routes`` is a full path that ``full_paths`` computes together with other
+        prompts: under positionwise hooks after the call's hooked common prefix, or under no hooked block at all
+        (the decode loop asks before calling)."""
+        if not (self.share and self.positionwise_hooks) or list(routes) != [tuple(range(self.n_layers))]:
             return False
+        if self.hooked_prefix is None:
+            return self.hooked_from >= self.n_layers
         tokens = self.hooked_prefix[0]
         return len(prompt) > len(tokens) and prompt[:len(tokens)] == tokens
 
     def full_paths(self, prompts: Sequence[Path]) -> list[Prefilled]:
-        """Full-path prefills of prompts that start with the call's hooked common prefix (``after_hooked_prefix``):
-        the clean blocks from the cache, the hooked ones over the prompts' own tokens after the prefix, in
-        right-padded batches of prompts of similar lengths (``padded_batches``; a row's real positions never
-        attend to the padding after them)."""
+        """Full-path prefills of prompts for which ``batched_full_path`` holds: the clean blocks from the cache or
+        computed in batches (``_clean_many``), the hooked ones over the prompts' own tokens after the hooked
+        prefix, in right-padded batches of prompts of similar lengths (``padded_batches``; a row's real positions
+        never attend to the padding after them)."""
+        if self.hooked_prefix is None:  # no hooked block
+            cleans = self._clean_many(prompts, self.n_layers)
+            hidden = torch.stack([c.resid[self.n_layers][0, -1].to(self.model.unembed.W_U.device) for c in cleans])
+            logits = self.logits(hidden)
+            return [Prefilled(list(c.kv), hidden[b], logits[b]) for b, c in enumerate(cleans)]
         c = len(self.hooked_prefix[0])
         out: dict[int, Prefilled] = {}
         for batch in padded_batches([len(p) - c for p in prompts]):
@@ -269,7 +317,7 @@ class Prefiller:
     def _full_paths_batch(self, prompts: Sequence[Path]) -> list[Prefilled]:
         tokens, hooked_kv = self.hooked_prefix
         c, h = len(tokens), self.hooked_from
-        cleans = [self._clean(p, h) for p in prompts]
+        cleans = self._clean_many(prompts, h)
         own = [clean.resid[h][0, c:] for clean in cleans]  # [n_i, d_model] each
         lengths = [len(o) for o in own]
         resid = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)  # [batch, max n_i, d_model]

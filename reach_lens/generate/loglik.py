@@ -1,0 +1,138 @@
+"""Where continuation log-likelihoods are read: the residuals entering ``ln_final`` at the positions that predict
+each continuation token, computed in batches of similar lengths (``prefill.padded_batches``).
+
+- ``padded_rows``: each request's context and continuation as one right-padded sequence, TransformerLens's own
+  blocks from the embedding (any model, any hooks).
+- ``shared_context_rows``: each distinct context runs once (right-padded batch of contexts, keys and values
+  kept), then the continuations of all its requests run on those keys and values, as rows of one batch: a
+  multiple-choice question's options share the forward of its question. Exact up to float summation order; used
+  for the engine's cached attention (rotary, causal, global) under no hooks or positionwise ones only (a hook
+  that reads other positions would see the context and the continuation apart).
+
+Both yield ``(request index per row, residual rows [rows, d_model], target token per row)`` chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from reach_lens.generate.attention import Entry, block_device
+from reach_lens.generate.prefill import padded_batches
+from reach_lens.generate.types import LoglikRequest
+from reach_lens.positions import row_positions
+
+Rows = tuple[list[int], Tensor, list[int]]
+
+
+def padded_rows(model: HookedTransformer, requests: Sequence[LoglikRequest], batch_size: int) -> Iterator[Rows]:
+    """Context + continuation of each request as one right-padded sequence, at most ``batch_size`` per forward."""
+    device = model.embed.W_E.device
+    sequences = [r.context + r.continuation for r in requests]
+    for batch in padded_batches([len(s) for s in sequences]):
+        for start in range(0, len(batch), batch_size):
+            chunk = batch[start:start + batch_size]
+            tokens, mask = _right_padded([sequences[s] for s in chunk], device)
+            resid = _forward(model, tokens, mask)
+            owners, rows, positions, targets = [], [], [], []
+            for r, s in enumerate(chunk):
+                n, end = len(requests[s].continuation), len(sequences[s])
+                owners += [s] * n
+                rows += [r] * n
+                positions += range(end - n - 1, end - 1)
+                targets += requests[s].continuation
+            yield owners, resid[torch.tensor(rows, device=resid.device), torch.tensor(positions, device=resid.device)], \
+                targets
+
+
+def shared_context_rows(model: HookedTransformer, requests: Sequence[LoglikRequest],
+                        batch_size: int) -> Iterator[Rows]:
+    """Each distinct context once, then its requests' continuations on its keys and values (module docstring); a
+    batch holds whole contexts, at most ``batch_size`` continuations (more only when one context has more)."""
+    by_context: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(requests):
+        by_context.setdefault(r.context, []).append(i)
+    contexts = list(by_context)
+    for group in padded_batches([len(c) for c in contexts]):
+        batch: list[int] = []
+        for c in group:
+            if batch and sum(len(by_context[contexts[b]]) for b in batch) + len(by_context[contexts[c]]) > batch_size:
+                yield from _continuations(model, requests, [contexts[b] for b in batch], by_context)
+                batch = []
+            batch.append(c)
+        if batch:
+            yield from _continuations(model, requests, [contexts[b] for b in batch], by_context)
+
+
+def _continuations(model: HookedTransformer, requests: Sequence[LoglikRequest], contexts: list[tuple[int, ...]],
+                   by_context: dict[tuple[int, ...], list[int]]) -> Iterator[Rows]:
+    device = model.embed.W_E.device
+    tokens, mask = _right_padded(contexts, device)  # [C, p], contexts right-padded
+    width = tokens.shape[1]
+    resid = model.input_to_embed(tokens, attention_mask=mask)[0]
+    kv = []
+    with row_positions(torch.arange(width, device=device).expand(len(contexts), width), mask.sum(-1)):
+        for layer, block in enumerate(model.blocks):
+            entry = Entry.empty(model, len(contexts), width, block_device(model, layer))
+            resid = block(resid.to(entry.keys.device), past_kv_cache_entry=entry,
+                          attention_mask=torch.ones_like(mask, device=entry.keys.device))
+            kv.append((entry.keys, entry.values))  # [C, kv_head, p, d_head] each
+    last = resid[torch.arange(len(contexts), device=resid.device), mask.sum(-1).to(resid.device) - 1]  # [C, d_model]
+
+    owners = [i for c in contexts for i in by_context[c]]
+    source = torch.tensor([k for k, c in enumerate(contexts) for _ in by_context[c]], device=device)
+    conts, cont_mask = _right_padded([requests[i].continuation for i in owners], device)  # [R, n]
+    n = conts.shape[1]
+    full_mask = torch.cat([mask[source], cont_mask], dim=1)  # [R, p + n]: padding after each context masked
+    lengths = mask.sum(-1)[source]
+    out = model.input_to_embed(conts, attention_mask=cont_mask)[0]
+    with row_positions(lengths[:, None] + torch.arange(n, device=device), lengths + cont_mask.sum(-1)):
+        for layer, block in enumerate(model.blocks):
+            dev = block_device(model, layer)
+            entry = Entry.empty(model, len(owners), width + n, dev)
+            keys, values = kv[layer]
+            entry.keys[:, :, :width] = keys[source.to(dev)]
+            entry.values[:, :, :width] = values[source.to(dev)]
+            entry.length = width
+            out = block(out.to(dev), past_kv_cache_entry=entry, attention_mask=full_mask.to(dev))
+
+    rows, positions, targets = [], [], []
+    for r, i in enumerate(owners):
+        cont = requests[i].continuation
+        rows += [r] * (len(cont) - 1)
+        positions += range(len(cont) - 1)
+        targets += cont
+    picked = out[torch.tensor(rows, device=out.device, dtype=torch.long),
+                 torch.tensor(positions, device=out.device, dtype=torch.long)]
+    # each continuation's first token is predicted by its context's last position, the rest by its own positions
+    starts = last[source.to(last.device)].to(picked.device)
+    counts = [len(requests[i].continuation) - 1 for i in owners]
+    pieces, at = [], 0
+    for r, k in enumerate(counts):
+        pieces += [starts[r:r + 1], picked[at:at + k]]
+        at += k
+    yield [i for i in owners for _ in requests[i].continuation], torch.cat(pieces), targets
+
+
+def _right_padded(sequences: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]:
+    """Token ids ``[batch, longest]`` (0 after each sequence) and the mask of real tokens."""
+    tokens = torch.zeros((len(sequences), max(len(s) for s in sequences)), dtype=torch.long, device=device)
+    mask = torch.zeros_like(tokens)
+    for r, s in enumerate(sequences):
+        tokens[r, :len(s)] = torch.tensor(s, device=device)
+        mask[r, :len(s)] = 1
+    return tokens, mask
+
+
+def _forward(model: HookedTransformer, tokens: Tensor, mask: Tensor) -> Tensor:
+    """Residuals entering ``ln_final`` of right-padded sequences ``[batch, pos]``, each block run where its
+    parameters live (so models split over devices work)."""
+    resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=mask)
+    for layer, block in enumerate(model.blocks):
+        device = block_device(model, layer)
+        resid = block(resid.to(device), attention_mask=mask.to(device),
+                      shortformer_pos_embed=None if shortformer is None else shortformer.to(device))
+    return resid
