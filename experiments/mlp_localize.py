@@ -24,8 +24,8 @@ Recipe (each condition's per-question answers are stored as computed; a rerun co
     repair (``--units sae --sae PATH``: the latents of a SAELens SAE at an MLP output instead of the MLP's units).
 
 Cost: the selection sweep (2 components x 30 layers on <= 32 + 32 calibration questions) is most of the run; the
-whole layer is silenced only at the identified layer (the paper's component control), not swept, so that the
-default run stays inside 20 minutes on a 2-core CPU.
+whole layer is silenced only at the identified layer (the paper's component control), not swept. The default run
+takes about 13 minutes on a 2-core CPU (2 threads), decoding 64 rows at a time (``--batch-size``).
 """
 
 from __future__ import annotations
@@ -145,16 +145,17 @@ def main(argv=None) -> int:
     store = RunStore(run_dir, protocol)
     say(f"run directory {run_dir} (resumes if interrupted)")
 
-    def screen(model, store, table: str):
+    def screen(model, store, table: str, recognize: str = "all"):
         rows = cli.resume(store, table, questions, args.chunk, lambda part: localize.screen(
-            model, task, part, args.fmt, args.recognition, batch_size=args.batch_size), desc=table)
+            model, task, part, args.fmt, args.recognition, batch_size=args.batch_size, recognize=recognize),
+            desc=table)
         order = {q.id: i for i, q in enumerate(questions)}
         rows = rows[rows.question_id.isin(order)]
         return rows.sort_values("question_id", key=lambda s: s.map(order)).reset_index(drop=True)
 
     planted = None
     if plant_layer is not None:  # the positive control: study a planted copy on the pool it is defined on
-        base = screen(model, store, "screen_base")
+        base = screen(model, store, "screen_base", recognize="generated")  # the pool needs both
         try:
             pool, base_correct = localize.control_pool(model, task, questions, base, args.fmt, plant_layer, store,
                                                        args.batch_size, say)

@@ -147,7 +147,8 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other jobs)")
     g.add_argument("--seed", type=int, default=0, help="seed of the question subsample and of sampling (default 0)")
-    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="rows per decode batch")
+    g.add_argument("--batch-size", type=positive_int, default=batch_size,
+                   help=f"rows per decode batch and per log-likelihood forward (default {batch_size})")
     g.add_argument("--out", type=Path, default=Path(out), help=f"run directory root (default {out})")
     g.add_argument("--figures", type=Path, default=Path("figures"), help="where figures are copied (default figures/)")
     return p

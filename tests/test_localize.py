@@ -35,6 +35,36 @@ def screened_table(n: int = 200, seed: int = 1) -> pd.DataFrame:
                          "generated": rng.random(n) < 0.4})
 
 
+def test_a_screen_for_a_pool_recognizes_only_the_generated_questions(monkeypatch):
+    """recognize="generated": the greedy answers of every question, recognition only of those answered correctly
+    (a positive control's pool needs both); the other rows say recognition was not measured."""
+    from reach_lens.tasks import Question, get_task
+
+    task = get_task("arc_easy")
+    questions = [Question(f"q{i}", f"question {i}?", "A", options=("a", "b"), labels=("A", "B")) for i in range(5)]
+    correct = {"q0", "q2", "q3"}
+    recognized_ids = []
+
+    def deploy(model, task, qs, fmt, hooks=(), batch_size=16):
+        return [{"correct": q.id in correct, "answer": "A" if q.id in correct else "B", "text": "x"} for q in qs]
+
+    def recognize(model, task, qs, hooks=(), batch_size=16):
+        recognized_ids.extend(q.id for q in qs)
+        return [{"question_id": q.id, "pred_sum": 0 if q.id != "q3" else 1, "pred_norm": 0} for q in qs]
+
+    monkeypatch.setattr(localize.panels.probes, "deploy", deploy)
+    monkeypatch.setattr(localize.panels.probes, "recognize", recognize)
+    rows = localize.screen(None, task, questions, "native", recognize="generated").set_index("question_id")
+    assert recognized_ids == ["q0", "q2", "q3"]
+    assert rows.recognized.to_dict() == {"q0": True, "q1": None, "q2": True, "q3": False, "q4": None}
+    assert rows.generated.tolist() == [True, False, True, True, False]
+    recognized_ids.clear()
+    assert localize.screen(None, task, questions, "native").recognized.tolist() == [True] * 3 + [False, True]
+    assert recognized_ids == [q.id for q in questions]
+    with pytest.raises(ValueError, match="recognize 'some' unknown"):
+        localize.screen(None, task, questions, "native", recognize="some")
+
+
 def test_panels_follow_the_criterion_and_are_disjoint():
     screened = screened_table()
     by_id = screened.set_index("question_id")

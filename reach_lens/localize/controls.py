@@ -69,7 +69,8 @@ def control_pool(model: HookedTransformer, task: Task, questions: Sequence[Quest
                  fmt: str, layer: int, store: RunStore, batch_size: int = 16,
                  log: Callable[[str], None] = _quiet) -> tuple[list[Question], int]:
     """The pool (module docstring) and how many questions the unedited model recognizes and generates."""
-    both = set(base_screen.question_id[base_screen.recognized.astype(bool) & base_screen.generated.astype(bool)])
+    recognized = base_screen.recognized.map(lambda r: bool(r) if pd.notna(r) else False)  # None: not measured
+    both = set(base_screen.question_id[recognized & base_screen.generated.astype(bool)])
     correct = [q for q in questions if q.id in both]
     done = store.read("without_block")
     todo = [q for q in correct if q.id not in set(done.get("question_id", []))]

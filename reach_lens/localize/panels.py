@@ -29,27 +29,32 @@ ROLES = ("calibration", "evaluation")
 
 
 def screen(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
-           recognition: str = "sum", hooks=(), batch_size: int = 16) -> pd.DataFrame:
+           recognition: str = "sum", hooks=(), batch_size: int = 16, recognize: str = "all") -> pd.DataFrame:
     """Recognition and direct generation of every question, one row each.
 
     Columns: question_id, gold, recognized (gold option ranked first by summed ("sum") or per-token
     ("norm") option log-likelihood), recog_pred, generated (greedy answer graded correct), gen_answer,
-    gen_text, gen_format_ok.
+    gen_text, gen_format_ok. ``recognize="generated"`` runs recognition only on the questions generated
+    correctly (``recognized`` and ``recog_pred`` are None for the others): all a positive control's pool needs.
     """
     if recognition not in RECOGNITION_RULES:
         raise ValueError(f"recognition rule {recognition!r} unknown; expected one of {RECOGNITION_RULES}")
+    if recognize not in ("all", "generated"):
+        raise ValueError(f"recognize {recognize!r} unknown; expected 'all' or 'generated'")
     if task.kind != "mc":
         raise ValueError(f"task {task.name!r} is {task.kind}; recognition needs a multiple-choice task")
-    recog = pd.DataFrame(probes.recognize(model, task, questions, hooks=hooks, batch_size=batch_size)).set_index(
-        "question_id")
     deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
+    measured = [q for q, gen in zip(questions, deployed) if recognize == "all" or gen["correct"]]
+    recog = pd.DataFrame(probes.recognize(model, task, measured, hooks=hooks, batch_size=batch_size),
+                         columns=["question_id", "pred_sum", "pred_norm"]).set_index("question_id")
     pred_column = "pred_sum" if recognition == "sum" else "pred_norm"
     rows = []
     for q, gen in zip(questions, deployed):
-        pred = int(recog.loc[q.id, pred_column])
-        rows.append({"question_id": q.id, "gold": q.gold, "recognized": pred == q.gold_index,
-                     "recog_pred": q.labels[pred], "generated": bool(gen["correct"]), "gen_answer": gen["answer"],
-                     "gen_text": gen["text"], "gen_format_ok": gen["answer"] is not None})
+        pred = int(recog.loc[q.id, pred_column]) if q.id in recog.index else None
+        rows.append({"question_id": q.id, "gold": q.gold,
+                     "recognized": None if pred is None else pred == q.gold_index,
+                     "recog_pred": None if pred is None else q.labels[pred], "generated": bool(gen["correct"]),
+                     "gen_answer": gen["answer"], "gen_text": gen["text"], "gen_format_ok": gen["answer"] is not None})
     return pd.DataFrame(rows)
 
 
