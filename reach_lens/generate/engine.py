@@ -210,7 +210,7 @@ class TransformerLensEngine(Engine):
         fast = fast_attention_supported(model)
         shared = self.share_prefixes and fast and all(is_positionwise(fn) for _, fn in hooks) \
             and not hooks_registered(model)
-        out = [0.0] * len(requests)
+        sums = torch.zeros(len(requests), dtype=torch.float64)  # on the CPU
         with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)), fast_attention(model, fast):
             chunks = (shared_context_rows if shared else padded_rows)(model, requests, batch_size)
             for owners, resid, targets in chunks:
@@ -223,9 +223,8 @@ class TransformerLensEngine(Engine):
                 logp = torch.log_softmax(logits, dim=-1)
                 token_logp = logp[torch.arange(len(targets), device=logp.device),
                                   torch.tensor(targets, device=logp.device)]
-                for owner, value in zip(owners, token_logp.double().cpu().tolist()):
-                    out[owner] += value
-        return out
+                sums.index_add_(0, torch.tensor(owners), token_logp.double().cpu())
+        return sums.tolist()
 
 
 def attached_saes(model: HookedTransformer) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:

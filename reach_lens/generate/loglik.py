@@ -57,14 +57,16 @@ def shared_context_rows(model: HookedTransformer, requests: Sequence[LoglikReque
         by_context.setdefault(r.context, []).append(i)
     contexts = list(by_context)
     for group in padded_batches([len(c) for c in contexts]):
-        batch: list[int] = []
-        for c in group:
-            if batch and sum(len(by_context[contexts[b]]) for b in batch) + len(by_context[contexts[c]]) > batch_size:
-                yield from _continuations(model, requests, [contexts[b] for b in batch], by_context)
-                batch = []
-            batch.append(c)
+        batch: list[tuple[int, ...]] = []
+        held = 0  # continuations in the batch
+        for context in (contexts[c] for c in group):
+            if batch and held + len(by_context[context]) > batch_size:
+                yield from _continuations(model, requests, batch, by_context)
+                batch, held = [], 0
+            batch.append(context)
+            held += len(by_context[context])
         if batch:
-            yield from _continuations(model, requests, [contexts[b] for b in batch], by_context)
+            yield from _continuations(model, requests, batch, by_context)
 
 
 def _continuations(model: HookedTransformer, requests: Sequence[LoglikRequest], contexts: list[tuple[int, ...]],
@@ -99,22 +101,12 @@ def _continuations(model: HookedTransformer, requests: Sequence[LoglikRequest], 
             entry.length = width
             out = block(out.to(dev), past_kv_cache_entry=entry, attention_mask=full_mask.to(dev))
 
-    rows, positions, targets = [], [], []
-    for r, i in enumerate(owners):
-        cont = requests[i].continuation
-        rows += [r] * (len(cont) - 1)
-        positions += range(len(cont) - 1)
-        targets += cont
-    picked = out[torch.tensor(rows, device=out.device, dtype=torch.long),
-                 torch.tensor(positions, device=out.device, dtype=torch.long)]
-    # each continuation's first token is predicted by its context's last position, the rest by its own positions
-    starts = last[source.to(last.device)].to(picked.device)
-    counts = [len(requests[i].continuation) - 1 for i in owners]
-    pieces, at = [], 0
-    for r, k in enumerate(counts):
-        pieces += [starts[r:r + 1], picked[at:at + k]]
-        at += k
-    yield [i for i in owners for _ in requests[i].continuation], torch.cat(pieces), targets
+    # the position before continuation token j: the context's last one for j = 0, the continuation's own j - 1 after
+    before = torch.cat([last[source.to(last.device)][:, None].to(out.device), out], dim=1)  # [R, 1 + n, d_model]
+    rows = torch.tensor([r for r, i in enumerate(owners) for _ in requests[i].continuation], device=out.device)
+    positions = torch.tensor([j for i in owners for j in range(len(requests[i].continuation))], device=out.device)
+    yield [i for i in owners for _ in requests[i].continuation], before[rows, positions], \
+        [t for i in owners for t in requests[i].continuation]
 
 
 def _right_padded(sequences: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]:

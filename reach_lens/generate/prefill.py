@@ -127,12 +127,14 @@ def padded_batches(lengths: Sequence[int], waste: float = PADDING_WASTE) -> list
     its longest member would add more than ``waste`` of its real tokens (so a batch costs at most ``1 + waste``
     times its tokens, however many prompts it holds)."""
     batches: list[list[int]] = []
+    tokens = 0  # real tokens of the last batch
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        batch = batches[-1] if batches else None
-        if batch and lengths[batch[0]] * (len(batch) + 1) <= (1 + waste) * (sum(lengths[j] for j in batch) + lengths[i]):
-            batch.append(i)
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= (1 + waste) * (tokens + lengths[i]):
+            batches[-1].append(i)
+            tokens += lengths[i]
         else:
             batches.append([i])
+            tokens = lengths[i]
     return batches
 
 
