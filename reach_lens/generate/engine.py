@@ -33,6 +33,7 @@ from reach_lens.hooks import Hooks, is_positionwise, validate_route
 from reach_lens.models import encode, model_fingerprint
 
 CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")
+CPU = torch.device("cpu")
 _BLOCK = re.compile(r"^blocks\.(\d+)(\.|$)")
 
 
@@ -210,7 +211,7 @@ class TransformerLensEngine(Engine):
         fast = fast_attention_supported(model)
         shared = self.share_prefixes and fast and all(is_positionwise(fn) for _, fn in hooks) \
             and not hooks_registered(model)
-        sums = torch.zeros(len(requests), dtype=torch.float64)  # on the CPU
+        sums = torch.zeros(len(requests), dtype=torch.float64, device=CPU)  # not the default device
         with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)), fast_attention(model, fast):
             chunks = (shared_context_rows if shared else padded_rows)(model, requests, batch_size)
             for owners, resid, targets in chunks:
@@ -223,7 +224,7 @@ class TransformerLensEngine(Engine):
                 logp = torch.log_softmax(logits, dim=-1)
                 token_logp = logp[torch.arange(len(targets), device=logp.device),
                                   torch.tensor(targets, device=logp.device)]
-                sums.index_add_(0, torch.tensor(owners), token_logp.double().cpu())
+                sums.index_add_(0, torch.tensor(owners, device=CPU), token_logp.double().cpu())
         return sums.tolist()
 
 
