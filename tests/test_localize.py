@@ -221,11 +221,13 @@ def test_planted_edit_lives_only_in_that_mlp(worded_model):
 def test_perturbed_activations_equal_full_forwards_under_each_intervention(worded_model):
     prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9", "w10 w11"]
     perturbations = [Silence(1, "attn"), Silence(2, "mlp"), Silence(0, "mlp"), Silence(3, "attn")]
-    fast = localize.perturbed_last_activations(worded_model, prompts, 3, perturbations, batch_size=2)
+    clean, fast = localize.perturbed_last_activations(worded_model, prompts, 3, perturbations, batch_size=2)
     for p, got in zip(perturbations, fast):
         full = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post", 2, p.hooks(worded_model))
         assert torch.allclose(got, full, atol=1e-5)
-    clean = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post")
+    one_by_one = torch.cat([localize.last_prompt_activations(worded_model, [p], "blocks.3.mlp.hook_post")
+                            for p in prompts])  # no batching, no padding: prompt order
+    assert torch.allclose(clean, one_by_one, atol=1e-5)
     assert not torch.allclose(fast[0], clean, atol=1e-3)  # the perturbation acted
     with pytest.raises(ValueError, match="acts after layer 2"):
         localize.perturbed_last_activations(worded_model, prompts, 2, [Silence(3, "mlp")])

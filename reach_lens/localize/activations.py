@@ -10,23 +10,34 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
+from reach_lens.generate.prefill import padded_batches
 from reach_lens.hooks import Intervention
 from reach_lens.models import encode
 
 
 def _right_padded(model: HookedTransformer, prompts: Sequence[str], batch_size: int):
-    """Batches of right-padded prompt tokens with each row's last real position.
+    """Batches ``(rows, tokens, last)`` of right-padded prompt tokens: the prompts' indices, their tokens and each
+    row's last real position. Prompts of similar length go together (``padded_batches``, at most ``batch_size`` a
+    batch), so padding stays a small share of the work; ``_in_order`` puts per-row results back in prompt order.
 
     Under causal attention a position never sees the padding after it, so everything computed at a
     prompt's last real token is exact.
     """
     token_lists = [encode(model, p) for p in prompts]
     pad = model.tokenizer.pad_token_id or 0
-    for start in range(0, len(token_lists), batch_size):
-        chunk = token_lists[start:start + batch_size]
-        width = max(len(t) for t in chunk)
-        tokens = torch.tensor([t + [pad] * (width - len(t)) for t in chunk], device=model.cfg.device)
-        yield tokens, torch.tensor([len(t) - 1 for t in chunk], device=model.cfg.device)
+    for group in padded_batches([len(t) for t in token_lists]):
+        for start in range(0, len(group), batch_size):
+            rows = group[start:start + batch_size]
+            width = max(len(token_lists[i]) for i in rows)
+            tokens = torch.tensor([token_lists[i] + [pad] * (width - len(token_lists[i])) for i in rows],
+                                  device=model.cfg.device)
+            yield rows, tokens, torch.tensor([len(token_lists[i]) - 1 for i in rows], device=model.cfg.device)
+
+
+def _in_order(parts: Sequence[tuple[list[int], Tensor]]) -> Tensor:
+    """The rows of ``(rows, values)`` batches (``_right_padded``'s order) stacked back in prompt order."""
+    order = torch.tensor([i for rows, _ in parts for i in rows], device="cpu")  # values are on the CPU
+    return torch.cat([values for _, values in parts])[torch.argsort(order)]
 
 
 def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], hook_name: str,
@@ -35,42 +46,47 @@ def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], ho
     layer = int(hook_name.split(".")[1])
     out = []
     with model.hooks(fwd_hooks=list(hooks)):
-        for tokens, last in _right_padded(model, prompts, batch_size):
+        for rows, tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens, names_filter=[hook_name], stop_at_layer=layer + 1)
-            out.append(cache[hook_name][torch.arange(len(tokens), device=last.device), last].cpu())
-    return torch.cat(out)
+            out.append((rows, cache[hook_name][torch.arange(len(tokens), device=last.device), last].cpu()))
+    return _in_order(out)
 
 
 def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str], layer: int,
-                               perturbations: Sequence[Intervention], batch_size: int = 16) -> list[Float[Tensor, "n d_mlp"]]:
-    """MLP ``layer``'s hidden units (``mlp.hook_post``) at the last token of each prompt, under each perturbation
-    (an intervention at a layer <= ``layer``) in turn; equal to ``last_prompt_activations(..., hooks=p.hooks(model))``
-    but each run starts from the clean residual entering the perturbation's layer, so the layers before it run once.
+                               perturbations: Sequence[Intervention], batch_size: int = 16
+                               ) -> tuple[Float[Tensor, "n d_mlp"], list[Float[Tensor, "n d_mlp"]]]:
+    """MLP ``layer``'s hidden units (``mlp.hook_post``) at the last token of each prompt: unperturbed, and under
+    each perturbation (an intervention at a layer <= ``layer``) in turn. Equal to ``last_prompt_activations``
+    without hooks and with ``hooks=p.hooks(model)``, but one clean run gives the clean units and the residual
+    entering each perturbation's layer, from which each perturbed run starts (the layers before it run once).
     """
     name = f"blocks.{layer}.mlp.hook_post"
     bad = [p for p in perturbations if not 0 <= p.layer <= layer]
     if bad:
         raise ValueError(f"perturbation {bad[0]} acts after layer {layer}: it cannot change its units")
     starts = sorted({p.layer for p in perturbations})
-    out: list[list[Tensor]] = [[] for _ in perturbations]
+    clean: list[tuple[list[int], Tensor]] = []
+    out: list[list[tuple[list[int], Tensor]]] = [[] for _ in perturbations]
     seen: dict[str, Tensor] = {}
 
     def grab(act: Tensor, hook) -> Tensor:
         seen["post"] = act
         return act
 
-    for tokens, last in _right_padded(model, prompts, batch_size):
+    for rows, tokens, last in _right_padded(model, prompts, batch_size):
+        at_last = torch.arange(len(tokens), device=last.device), last
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=[f"blocks.{l}.hook_resid_pre" for l in starts],
-                                            stop_at_layer=max(starts, default=0) + 1)
+            _, cache = model.run_with_cache(tokens, names_filter=[name, *(f"blocks.{l}.hook_resid_pre" for l in starts)],
+                                            stop_at_layer=layer + 1)
+            clean.append((rows, cache[name][at_last].cpu()))
             for i, p in enumerate(perturbations):
                 resid = cache[f"blocks.{p.layer}.hook_resid_pre"]
                 with model.hooks(fwd_hooks=p.hooks(model) + [(name, grab)]):
                     for block in model.blocks[p.layer:layer + 1]:
                         resid = block(resid)
-                out[i].append(seen.pop("post")[torch.arange(len(tokens), device=last.device), last].cpu())
-    return [torch.cat(o) for o in out]
+                out[i].append((rows, seen.pop("post")[at_last].cpu()))
+    return _in_order(clean), [_in_order(o) for o in out]
 
 
 def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 16,
@@ -82,14 +98,14 @@ def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_s
     """
     out = []
     with model.hooks(fwd_hooks=list(hooks)):
-        for tokens, last in _right_padded(model, prompts, batch_size):
+        for rows, tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
-                rows = torch.arange(len(tokens), device=last.device)
-                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[rows, last]
+                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens), device=last.device), last]
                 if model.cfg.normalization_type is not None:
                     resid = model.ln_final(resid[:, None])[:, 0]
-                out.append(apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0].cpu())
-    return torch.cat(out)
+                logits = apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0]
+                out.append((rows, logits.cpu()))
+    return _in_order(out)
 
 
 def mlp_direction(model: HookedTransformer, layer: int, failure_prompts: Sequence[str],

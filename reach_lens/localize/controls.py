@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 
 from reach_lens import probes
 from reach_lens.hooks import Silence, Steer
-from reach_lens.localize.activations import last_prompt_activations, perturbed_last_activations
+from reach_lens.localize.activations import perturbed_last_activations
 from reach_lens.localize.plants import (answer_push, plant_answer_failure, plant_unit_failure, trigger_units,
                                         unit_plant_hooks)
 from reach_lens.store import RunStore
@@ -111,11 +111,9 @@ def plant_control(kind: str, model: HookedTransformer, task: Task, pool: Sequenc
                   "susceptible": len(susceptible)}
     if kind == "units":
         prompts = [task.prompt(q, fmt, model.tokenizer) for q in pool]
-        name = f"blocks.{layer}.mlp.hook_post"
-        acts = last_prompt_activations(model, prompts, name, batch_size)
         upstream = [Silence(l, c) for l in range(max(0, layer - robust_layers), layer) for c in ("attn", "mlp")]
         log(f"activations of MLP {layer}'s units with each of {len(upstream)} upstream components silenced")
-        perturbed = perturbed_last_activations(model, prompts, layer, upstream, batch_size)
+        acts, perturbed = perturbed_last_activations(model, prompts, layer, upstream, batch_size)
         trigger = trigger_units(acts, units_k, share, perturbed)
         triggered = {q.id for q, t in zip(pool, trigger["triggered"].tolist()) if t}
         measured = [q for q in susceptible if q.id in triggered]
