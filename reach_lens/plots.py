@@ -100,7 +100,7 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str | None = None, tit
     ax.set_ylabel("share of questions correct")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)  # where the curves are not: free-form ones lie low, multiple-choice ones high
     ax.set_title(f"{title}\n(n = {_n(curve_df['n'])}, K = {_n(curve_df['K'])}; 95% bootstrap band)", fontsize=10)
     return _finish(fig, path)
 
