@@ -171,16 +171,16 @@ def test_grading_needs_aliases():
 
 
 @pytest.mark.integration
-def test_squad_on_the_embedded_model_shares_the_shots_and_equals_prompts_run_alone():
+def test_squad_on_the_embedded_model_shares_the_shots_and_equals_prompts_run_alone(embedded_model):
     """OLMES's 5-shot SQuAD prompts (~1,250 tokens) on the embedded model: the engine computes the shots once and
     each question's tokens after them, and greedy answers and their log-probs equal those of prompts prefilled
     alone (samples: on tiny models, tests/test_engine.py); the protocol records the shots' hash."""
     import torch
 
-    from reach_lens import Protocol, deploy, load_model, subsample
+    from reach_lens import Protocol, deploy, subsample
     from reach_lens.generate import TransformerLensEngine
 
-    model = load_model()
+    model = embedded_model
     task = get_task("squad")
     questions = subsample(task.load(), 2, seed=0)
     shared, alone = TransformerLensEngine(model), TransformerLensEngine(model, share_prefixes=False)
