@@ -25,7 +25,7 @@ Recipe (each condition's per-question answers are stored as computed; a rerun co
 
 Cost: the selection sweep (2 components x 30 layers on <= 32 + 32 calibration questions) is most of the run; the
 whole layer is silenced only at the identified layer (the paper's component control), not swept. The default run
-takes about 14 minutes on a 2-core CPU (2 threads), decoding 64 rows at a time (``--batch-size``).
+takes about 11 minutes on a 2-core CPU (2 threads), decoding 64 rows at a time (``--batch-size``).
 """
 
 from __future__ import annotations
