@@ -66,6 +66,7 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
     if bad:
         raise ValueError(f"perturbation {bad[0]} acts after layer {layer}: it cannot change its units")
     starts = sorted({p.layer for p in perturbations})
+    cached = [name, *(f"blocks.{l}.hook_resid_pre" for l in starts)]  # the clean units and each run's start
     clean: list[tuple[list[int], Tensor]] = []
     out: list[list[tuple[list[int], Tensor]]] = [[] for _ in perturbations]
     seen: dict[str, Tensor] = {}
@@ -77,8 +78,7 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
     for rows, tokens, last in _right_padded(model, prompts, batch_size):
         at_last = torch.arange(len(tokens), device=last.device), last
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=[name, *(f"blocks.{l}.hook_resid_pre" for l in starts)],
-                                            stop_at_layer=layer + 1)
+            _, cache = model.run_with_cache(tokens, names_filter=cached, stop_at_layer=layer + 1)
             clean.append((rows, cache[name][at_last].cpu()))
             for i, p in enumerate(perturbations):
                 resid = cache[f"blocks.{p.layer}.hook_resid_pre"]
@@ -100,7 +100,8 @@ def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_s
     with model.hooks(fwd_hooks=list(hooks)):
         for rows, tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
-                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[torch.arange(len(tokens), device=last.device), last]
+                at_last = torch.arange(len(tokens), device=last.device), last
+                resid = model(tokens, stop_at_layer=model.cfg.n_layers)[at_last]
                 if model.cfg.normalization_type is not None:
                     resid = model.ln_final(resid[:, None])[:, 0]
                 logits = apply_softcap(model.unembed(resid[:, None]), model.cfg.output_logits_soft_cap)[:, 0]
