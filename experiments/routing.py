@@ -1,17 +1,27 @@
 """Layer routing: budget-matched random routes vs structured path search (the paper's Figures 1-2, Table 1).
 
-    python experiments/routing.py                                     # default grid (see below), n=2, K=64
-    python experiments/routing.py --K 200 --methods random mcts --spaces skip_repeat
+    python experiments/routing.py                                     # default grid (see below): n=30, K=32
+    python experiments/routing.py --full-grid --n 2 --K 64            # every model, task, space and method
+    python experiments/routing.py --K 200 --methods random mcts --tasks squad
     python experiments/routing.py --models embedded --tasks arc_easy --n 3 --K 16 --random-routes uniform
 
-Grid: model (the embedded SmolLM2-135M-Instruct and a magnitude-pruned copy) x task (ARC-Easy, ARC-Challenge,
-PIQA). For every question, every (action space, search method) pair gets a budget of K distinct routes, the
+Default grid: the embedded SmolLM2-135M-Instruct x (SQuAD, zero-shot text with its passage; ARC-Easy, chat
+format, read against its guessing floor) in Dr.LLM's skip/repeat space, random routes under both laws against
+MCTS and hill climbing, n = 30 questions per cell, K = 32 distinct routes per search. It is sized to what a
+question costs here: a route recomputes the prompt from its first edited layer on, so each SQuAD question
+(~230 prompt tokens) pays its passage again for every one of its ~110 distinct routes; the run takes about
+45 min on a 2-core CPU (docs/results.md). `--full-grid` adds the magnitude-pruned copy, ARC-Challenge and
+PIQA, the skip and segments spaces and the genetic search (the grid of the earlier multiple-choice runs).
+
+For every question, every (action space, search method) pair gets a budget of K distinct routes, the
 full path first, so every curve starts at the unmodified model. The reward is greedy correctness (the gold
 answer, after generation): every curve is an oracle, a diagnostic of what routing can reach, not a method.
 The answer-blind numbers are the majority vote over the first k random routes and the learned router.
 "Random" is `--random-routes`, one random search per law, each compared with the same structured searches:
 geometric (method "random": walks of a geometric number of edits, mean 2, from the full path: close to it) and
 uniform (method "random_uniform": uniform over all routes of the action space, length <= 2L); default both.
+A cell counts as "random better" or "structured better" only when the paired 95% interval of
+O_random(K) - O_structured(K) excludes 0; bootstrap bands are not drawn below n = 10.
 
 Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, and --figures), one set per law
 (<law> in file names):
@@ -45,21 +55,29 @@ from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, Rout
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task
 
-MODELS, TASKS = ("embedded", "pruned"), ("arc_easy", "arc_challenge", "piqa")
+MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy", "arc_challenge", "piqa")
+# the default grid; --full-grid takes every model, task, space and method instead
+DEFAULT_GRID = {"models": ["embedded"], "tasks": ["squad", "arc_easy"], "spaces": ["skip_repeat"],
+                "methods": ["random", "mcts", "hill_climb"]}
+FULL_GRID = {"models": list(MODELS), "tasks": list(TASKS), "spaces": list(SPACES), "methods": list(METHODS)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parents = [cli.common(out="runs/routing", batch_size=32), cli.data(n=2, chunk=6, tasks=TASKS)]
+    parents = [cli.common(out="runs/routing", batch_size=32), cli.data(n=30, chunk=15, tasks=DEFAULT_GRID["tasks"])]
     p = argparse.ArgumentParser(parents=parents, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
-                   help="'embedded': the --model itself; 'pruned': its magnitude-pruned copy")
+    p.add_argument("--full-grid", action="store_true",
+                   help=f"every model, task, space and method ({' '.join(MODELS)} x {' '.join(TASKS)} x "
+                        f"{' '.join(SPACES)} x {' '.join(METHODS)}) where --models, --tasks, --spaces or --methods "
+                        "is not given")
+    p.add_argument("--models", nargs="+", default=None, choices=MODELS,
+                   help="'embedded': the --model itself; 'pruned': its magnitude-pruned copy (default embedded)")
     p.add_argument("--prune-sparsity", type=cli.share, default=0.5, help="MLP weight sparsity of the pruned copy")
-    p.add_argument("--K", type=cli.positive_int, default=64, help="distinct routes per search (the paper: 200)")
-    p.add_argument("--spaces", nargs="+", default=list(SPACES), choices=list(SPACES),
-                   help=f"action spaces of the routes (default all: {' '.join(SPACES)})")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
-                   help=f"search methods, 'random' included (default all: {' '.join(METHODS)})")
+    p.add_argument("--K", type=cli.positive_int, default=32, help="distinct routes per search (the paper: 200)")
+    p.add_argument("--spaces", nargs="+", default=None, choices=list(SPACES),
+                   help=f"action spaces of the routes (default {' '.join(DEFAULT_GRID['spaces'])})")
+    p.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),
+                   help=f"search methods, 'random' included (default {' '.join(DEFAULT_GRID['methods'])})")
     p.add_argument("--random-routes", nargs="+", default=list(ROUTE_LAWS), choices=ROUTE_LAWS,
                    help="laws of the random searches' routes, each its own search and analysis: geometric walks "
                         "from the full path and/or uniform (default both)")
@@ -67,7 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mcts-k", type=cli.positive_int, default=50, help="simulations of the MCTS oracle in Table 1")
     p.add_argument("--collapse-threshold", type=cli.share, default=0.5,
                    help="format-failure share of the structured searches' candidates above which a cell is 'collapsed'")
+    p.set_defaults(tasks=None)
     args = p.parse_args(argv)
+    for name, default in DEFAULT_GRID.items():
+        if getattr(args, name) is None:
+            setattr(args, name, list(FULL_GRID[name] if args.full_grid else default))
     if "random" not in args.methods:
         p.error("--methods must include 'random' (every comparison is against it)")
     args.random_routes = list(dict.fromkeys(args.random_routes))

@@ -18,6 +18,7 @@ from conftest import make_tiny_model
 
 from reach_lens import cli
 from reach_lens.audit import wilson_interval
+from reach_lens.routing import METHODS, SPACES
 from reach_lens.select import SELECTORS, majority_vote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,6 +325,18 @@ def test_routing_tables_are_the_stored_searches_and_a_rerun_generates_nothing(ti
     monkeypatch.setattr(evaluate, "cross_fit_router", lambda *a, **k: pytest.fail("a rerun refitted the router"))
     assert script.main(args) == 0
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == first_tables
+
+
+def test_routing_default_grid_has_a_free_form_cell_and_the_full_grid_is_one_flag_away():
+    script = load_script("routing")
+    default = script.parse_args([])
+    assert (default.models, default.tasks, default.spaces) == (["embedded"], ["squad", "arc_easy"], ["skip_repeat"])
+    assert default.methods == ["random", "mcts", "hill_climb"] and (default.n, default.K) == (30, 32)
+    full = script.parse_args(["--full-grid"])
+    assert (full.models, full.tasks) == (list(script.MODELS), list(script.TASKS))
+    assert (full.spaces, full.methods) == (list(SPACES), list(METHODS))
+    chosen = script.parse_args(["--full-grid", "--tasks", "piqa", "--methods", "random", "genetic"])  # given: kept
+    assert (chosen.tasks, chosen.methods, chosen.spaces) == (["piqa"], ["random", "genetic"], list(SPACES))
 
 
 def test_routing_random_laws_are_part_of_the_protocol(tiny):
