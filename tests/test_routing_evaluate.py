@@ -82,6 +82,24 @@ def test_evaluator_memo_and_search_rewards(char_model, questions):
     assert record["K"] == 6 and record["d"] == cands[0]["correct"] and cands[0]["hidden"] is None
 
 
+def test_evaluator_splits_engine_calls_by_routes_and_gives_the_same_candidates(char_model, questions, monkeypatch):
+    assert evaluate._calls({0: [1] * 3, 1: [1] * 2, 2: [1] * 4, 3: [1]}, 5) == [[0, 1], [2, 3]]
+    assert evaluate._calls({0: [1] * 7, 1: [1]}, 5) == [[0], [1]]  # a question's routes are never split
+    arc = get_task("arc_easy")
+    space = make_space("skip_repeat", 4)
+    pairs = [(i, r) for i in range(3) for r in [tuple(range(4)), *space.neighbors(tuple(range(4)))[:3]]]
+    one_call = RouteEvaluator(char_model, arc, questions, "shared", keep_hidden=False).evaluate(pairs)
+    calls = []
+    inner = evaluate.route
+    monkeypatch.setattr(evaluate, "ROUTES_PER_CALL", 5)
+    monkeypatch.setattr(evaluate, "route", lambda m, t, qs, f, routes, **kw: calls.append(sum(map(len, routes)))
+                        or inner(m, t, qs, f, routes, **kw))
+    split = RouteEvaluator(char_model, arc, questions, "shared", keep_hidden=False).evaluate(pairs)
+    assert calls == [4, 4, 4]
+    assert [(c["route"], c["text"], c["correct"]) for c in split] == [(c["route"], c["text"], c["correct"])
+                                                                      for c in one_call]
+
+
 # ---------------------------------------------------------------- rows for the studies
 
 

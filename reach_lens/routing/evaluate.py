@@ -17,8 +17,9 @@ Rows for the studies (library functions return rows; the experiments store them)
   two over the cells of one model, fitting only when a row is asked for.
 
 Every (question, route) pair is generated once per evaluator, whichever search or action space asks for it,
-so searches that share routes (all share the full path) share the cost. Rows of one call go through
-`probes.route` together: different questions and routes share decode batches and prompt prefixes.
+so searches that share routes (all share the full path) share the cost. The new routes of one call go through
+`probes.route` in engine calls of at most `ROUTES_PER_CALL` routes (a question's routes together): different
+questions and routes share decode batches and prompt prefixes, and memory stays bounded.
 """
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn, Search, run_searches
 from reach_lens.routing.spaces import ActionSpace, Path, make_space
 from reach_lens.tasks import Question, Task
+
+
+# routes generated per engine call: a call keeps the prefilled keys and values of the routes of every prompt it has
+# started until their rows start, so a call of 15 SQuAD questions x 64 random routes held ~12 GB; calls of 256 routes
+# keep it to a few prompts' worth and still fill decode batches
+ROUTES_PER_CALL = 256
 
 
 class RouteEvaluator:
@@ -50,12 +57,10 @@ class RouteEvaluator:
         bad = [i for i, _ in keys if not 0 <= i < len(self.questions)]
         if bad:
             raise ValueError(f"question index {bad[0]} out of range (0..{len(self.questions) - 1})")
-        new = list(dict.fromkeys(k for k in keys if k not in self.memo))
-        if new:
-            by_question: dict[int, list[Path]] = {}
-            for i, r in new:
-                by_question.setdefault(i, []).append(r)
-            asked = list(by_question)
+        by_question: dict[int, list[Path]] = {}
+        for i, r in dict.fromkeys(k for k in keys if k not in self.memo):
+            by_question.setdefault(i, []).append(r)
+        for asked in _calls(by_question, ROUTES_PER_CALL):
             cands = route(self.model, self.task, [self.questions[i] for i in asked], self.fmt,
                           [by_question[i] for i in asked], batch_size=self.batch_size, keep_hidden=self.keep_hidden)
             for i, cs in zip(asked, cands):
@@ -71,6 +76,20 @@ class RouteEvaluator:
         def reward(pairs: list[tuple[int, Path]]) -> list[float]:
             return [float(c["correct"]) for c in self.evaluate([(question_of[s], p) for s, p in pairs])]
         return reward
+
+
+def _calls(by_question: Mapping[int, Sequence[Path]], limit: int) -> list[list[int]]:
+    """Questions in order, grouped into engine calls of at most ``limit`` routes (a question's routes stay in one
+    call; a question with more routes than ``limit`` is a call of its own)."""
+    calls: list[list[int]] = []
+    size = 0
+    for i, routes in by_question.items():
+        if not calls or size + len(routes) > limit:
+            calls.append([])
+            size = 0
+        calls[-1].append(i)
+        size += len(routes)
+    return calls
 
 
 def make_search(method: str, space: ActionSpace, K: int, seed: int, random_routes: str = "geometric") -> Search:
