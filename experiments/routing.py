@@ -1,17 +1,19 @@
 """Layer routing: budget-matched random routes vs structured path search (the paper's Figures 1-2, Table 1).
 
-    python experiments/routing.py                                     # default grid (see below): n=30, K=32
+    python experiments/routing.py                                     # default grid (see below): n=30, K=16
     python experiments/routing.py --full-grid --n 2 --K 64            # every model, task, space and method
     python experiments/routing.py --K 200 --methods random mcts --tasks squad
     python experiments/routing.py --models embedded --tasks arc_easy --n 3 --K 16 --random-routes uniform
 
 Default grid: the embedded SmolLM2-135M-Instruct x (SQuAD, zero-shot text with its passage; ARC-Easy, chat
 format, read against its guessing floor) in Dr.LLM's skip/repeat space, random routes under both laws against
-MCTS and hill climbing, n = 30 questions per cell, K = 32 distinct routes per search. It is sized to what a
-question costs here: a route recomputes the prompt from its first edited layer on, so each SQuAD question
-(~230 prompt tokens) pays its passage again for every one of its ~110 distinct routes; the run takes about
-45 min on a 2-core CPU (docs/results.md). `--full-grid` adds the magnitude-pruned copy, ARC-Challenge and
-PIQA, the skip and segments spaces and the genetic search (the grid of the earlier multiple-choice runs).
+MCTS, n = 30 questions per cell, K = 16 distinct routes per search. It is sized to what a question costs here:
+a route recomputes the prompt from its first edited layer on, so each SQuAD question (~230 prompt tokens) pays
+its passage again for every one of its distinct routes, about 2 s each on a 2-core CPU (K = 32 over four
+searches was ~110 routes and ~4 min per question); docs/results.md has the measured time. `--full-grid` adds
+the magnitude-pruned copy, ARC-Challenge and PIQA, the skip and segments spaces, hill climbing and the genetic
+search (the grid of the earlier multiple-choice runs); `--K 64 --methods random mcts hill_climb` is the larger
+budget.
 
 For every question, every (action space, search method) pair gets a budget of K distinct routes, the
 full path first, so every curve starts at the unmodified model. The reward is greedy correctness (the gold
@@ -58,7 +60,7 @@ from reach_lens.tasks import get_task
 MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy", "arc_challenge", "piqa")
 # the default grid; --full-grid takes every model, task, space and method instead
 DEFAULT_GRID = {"models": ["embedded"], "tasks": ["squad", "arc_easy"], "spaces": ["skip_repeat"],
-                "methods": ["random", "mcts", "hill_climb"]}
+                "methods": ["random", "mcts"]}
 FULL_GRID = {"models": list(MODELS), "tasks": list(TASKS), "spaces": list(SPACES), "methods": list(METHODS)}
 
 
@@ -73,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=None, choices=MODELS,
                    help="'embedded': the --model itself; 'pruned': its magnitude-pruned copy (default embedded)")
     p.add_argument("--prune-sparsity", type=cli.share, default=0.5, help="MLP weight sparsity of the pruned copy")
-    p.add_argument("--K", type=cli.positive_int, default=32, help="distinct routes per search (the paper: 200)")
+    p.add_argument("--K", type=cli.positive_int, default=16, help="distinct routes per search (the paper: 200)")
     p.add_argument("--spaces", nargs="+", default=None, choices=list(SPACES),
                    help=f"action spaces of the routes (default {' '.join(DEFAULT_GRID['spaces'])})")
     p.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),

@@ -331,7 +331,7 @@ def test_routing_default_grid_has_a_free_form_cell_and_the_full_grid_is_one_flag
     script = load_script("routing")
     default = script.parse_args([])
     assert (default.models, default.tasks, default.spaces) == (["embedded"], ["squad", "arc_easy"], ["skip_repeat"])
-    assert default.methods == ["random", "mcts", "hill_climb"] and (default.n, default.K) == (30, 32)
+    assert default.methods == ["random", "mcts"] and (default.n, default.K) == (30, 16)
     full = script.parse_args(["--full-grid"])
     assert (full.models, full.tasks) == (list(script.MODELS), list(script.TASKS))
     assert (full.spaces, full.methods) == (list(SPACES), list(METHODS))
