@@ -61,6 +61,7 @@ def _bars(ax: Axes, x, df: pd.DataFrame, name: str, label: str, color: str | Non
     ax.errorbar(x, y, yerr=err, marker=marker, ms=4, capsize=3, label=label, color=color)
 
 
+LABELLED_CELLS = 6  # random-minus-structured dots get their cell's name up to this many per method
 GUESSER = "uniform guesser"  # the label of every guessing-floor line (figure tests find floors by it)
 
 
@@ -339,10 +340,14 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None
                 ax.set_xlabel("k (distinct routes)")
             if j == 0:
                 ax.set_ylabel("share of questions with a correct route")
-    axes[0, 0].legend(fontsize=7, loc="upper left")
+    handles = {}  # one legend with every panel's series: a floor drawn only on a multiple-choice panel included
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    axes[0, 0].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left")
     bands = "95% bootstrap bands" + ("" if int(c.n.min()) >= MIN_BAND_N else f" where n >= {MIN_BAND_N}")
     fig.suptitle(f"Oracle o(k) over routes, action space '{space}' (n = {_n(c.n)}, K = {_n(c.K)}; greedy; "
-                 f"{bands})", fontsize=10)
+                 f"{bands})", fontsize=10, y=1.0 + 0.06 / len(models))  # above the two-line panel titles
     return _finish(fig, path)
 
 
@@ -361,16 +366,21 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
         d = diffs[diffs.space == space]
         for x, method in enumerate(methods):
             g, color = d[d.method == method], SERIES_COLORS.get(method)
-            for xi, row in zip(x + rng.uniform(-0.15, 0.15, len(g)), g.itertuples()):
+            for xi, row in zip(x + rng.uniform(-0.2, 0.2, len(g)), g.itertuples()):
                 if "diff_lo" in g.columns:
                     ax.plot([xi, xi], [100 * row.diff_lo, 100 * row.diff_hi], color=color, lw=1, alpha=0.6)
                 ax.plot([xi], [100 * row.diff], marker="o", ms=6, color=color, mfc="none" if row.collapsed else color,
                         ls="none")
+                if len(g) <= LABELLED_CELLS and "task" in g.columns:  # few cells: say which dot is which
+                    name = row.task if "model" not in g.columns or g.model.nunique() == 1 else f"{row.model}/{row.task}"
+                    ax.annotate(name, (xi, 100 * row.diff), xytext=(4, 0), textcoords="offset points", fontsize=6,
+                                va="center")
             c = counts[(counts.space == space) & (counts.method == method)].iloc[0]
             ax.text(x, 1.02, f"{c.random_better} / {c.tie} / {c.structured_better}", ha="center",
                     transform=ax.get_xaxis_transform(), fontsize=7)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(methods)), methods, fontsize=8)
+        ax.set_xlim(-0.6, len(methods) - 0.4)
         broken = (f"no answer from {d.random_format_failure_rate.mean():.0%} of random routes (mean)"
                   if "random_format_failure_rate" in d else "")
         ax.set_title(f"{space}\n{broken}\n" if broken else f"{space}\n", fontsize=8)

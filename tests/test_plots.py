@@ -178,8 +178,8 @@ def test_plot_oracle_curves(tmp_path, drawn):
 
 def test_plot_random_minus_structured(tmp_path, drawn):
     diffs = pd.DataFrame({"space": "skip", "method": ["mcts", "mcts", "genetic"], "diff": [0.25, -0.5, 0.0],
-                          "collapsed": [False, True, False], "n": 4, "K": 8,
-                          "random_format_failure_rate": [0.9, 0.6, 0.9]})
+                          "collapsed": [False, True, False], "n": 4, "K": 8, "model": "m",
+                          "task": ["squad", "arc_easy", "squad"], "random_format_failure_rate": [0.9, 0.6, 0.9]})
     counts = pd.DataFrame({"space": "skip", "method": ["mcts", "genetic"], "random_better": [1, 0], "tie": [0, 1],
                            "structured_better": [0, 0]})
     plots.plot_random_minus_structured(diffs, counts, tmp_path / "diff.png")
@@ -188,8 +188,23 @@ def test_plot_random_minus_structured(tmp_path, drawn):
     assert sorted(ln.get_ydata()[0] for ln in dots) == [-50.0, 0.0, 25.0]
     hollow = [ln.get_ydata()[0] for ln in dots if ln.get_markerfacecolor() == "none"]
     assert hollow == [-50.0]
-    assert sorted(t.get_text() for t in ax.texts) == ["0 / 1 / 0", "1 / 0 / 0"]
+    assert sorted(t.get_text() for t in ax.texts) == ["0 / 1 / 0", "1 / 0 / 0", "arc_easy", "squad", "squad"]
+    labelled = {t.get_text(): t.xy[1] for t in ax.texts if t.get_text() in ("arc_easy", "squad") and t.xy[0] < 0.5}
+    assert labelled == {"squad": 25.0, "arc_easy": -50.0}  # each name sits at its own cell's dot
+    lo, hi = ax.get_xlim()
+    assert lo < -0.2 and hi > 1.2  # jittered dots stay inside the axes, away from its edges
     assert "no answer from 80% of random routes (mean)" in ax.get_title()
+
+
+def test_oracle_curves_legend_names_a_floor_drawn_only_on_a_later_panel(tmp_path, drawn):
+    curves = pd.DataFrame({"model": "m", "task": np.repeat(["squad", "arc_easy"], 4), "space": "skip",
+                           "series": "random", "k": [1, 2, 4, 8] * 2, "value": 0.5, "lo": 0.4, "hi": 0.6, "n": 30,
+                           "K": 8, "D": 0.3, "collapsed": False, "format_failure_rate": 0.0,
+                           "guess": [np.nan] * 4 + list(1 - 0.75 ** np.array([1, 2, 4, 8]))})
+    plots.plot_oracle_curves(curves, "skip", tmp_path / "oracle.png")
+    squad, arc = drawn["oracle.png"].axes[:2]
+    assert not any(plots.GUESSER in ln.get_label() for ln in squad.get_lines())
+    assert any(plots.GUESSER in t.get_text() for t in squad.get_legend().get_texts())
 
 
 def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_median(tmp_path, drawn):
