@@ -72,7 +72,7 @@ def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStor
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",
                                                                "random_routes": args.random_routes})
     samples = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in temperatures(args)}
-    root = args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"
+    root = args.out / f"{deploy.model}-{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"
     bs, cell = args.batch_size, f"{label} {task.name}"
     deployed = cli.resume(RunStore(root / "deployed", deploy), "deployed", qs, args.chunk, lambda part: [
         {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt, batch_size=bs))],
@@ -121,11 +121,12 @@ def main(argv=None) -> int:
     recovery, sweep = pd.concat(recoveries, ignore_index=True), pd.concat(sweeps, ignore_index=True)
     medians = analysis.recovery_summary(recovery[recovery.probe.isin(["routes", f"T{args.T:g}"])])
 
-    out, tag = cli.summary_dir(args.out, protocols), f"n{args.n}-K{args.K}"
+    name = protocols[0].model  # in run directories and figure names: two models' runs never share one
+    out, tag = cli.summary_dir(args.out, protocols), f"{name}-n{args.n}-K{args.K}"
     for name, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
         df.to_csv(out / f"{name}.csv", index=False)
     figures = {out / f"selection_temperature_{m}_{t}_{tag}.png": plots.plot_temperature_gap(
-        g, title=f"Oracle - majority vote vs T, {m} / {t}")
+        g, title=f"Oracle - majority vote vs T, {name}{'' if m == 'embedded' else f' ({m})'} / {t}")
         for (m, t), g in sweep.groupby(["model", "task"], sort=False)}
     figures[out / f"selection_recovery_{tag}-T{args.T:g}.png"] = plots.plot_recovery(
         recovery, [("routes", f"routes ({args.space}, {args.random_routes})"),

@@ -271,6 +271,24 @@ def test_selection_draws_the_sampling_gap_samples_and_flags_collapse(tiny):
     assert (medians[medians.probe.isin(collapsed_probes)].collapsed_cells == 1).all()
 
 
+def test_selection_of_two_models_in_one_directory_keeps_both(tiny, letter_model, monkeypatch):
+    """A second model's run goes beside the first one's: its own run directories and figures, none overwritten."""
+    _, common = tiny
+    other = make_tiny_model(n_layers=4, d_vocab=100, seed=2)
+    other.tokenizer, other.cfg.model_name = LetterTokenizer(), "other-tiny"
+    args = ["--tasks", "arc_easy", "--n", "3", "--K", "2", "--T", "0.8", "--temperatures", "0.8", *common]
+    for model in (letter_model, other):
+        monkeypatch.setattr(cli, "load", lambda args, name=None, model=model: model)
+        assert load_script("selection").main(args) == 0
+    names = (letter_model.cfg.model_name, "other-tiny")
+    runs = sorted(p.name for p in Path(common[5]).iterdir() if not p.name.startswith("summary-"))
+    assert runs == sorted(f"{name}-embedded-arc_easy-n3-K2-s0" for name in names)
+    figures = {p.name for p in Path(common[7]).iterdir()}
+    for name in names:
+        assert {f"selection_recovery_{name}-n3-K2-T0.8.png", f"selection_gap_vs_temperature_{name}-n3-K2.png",
+                f"selection_temperature_embedded_arc_easy_{name}-n3-K2.png"} <= figures
+
+
 # ---------------------------------------------------------------- routing
 
 
