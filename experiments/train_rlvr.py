@@ -5,6 +5,8 @@ answers, on a training split disjoint by question id from the audit split (salte
     python experiments/train_rlvr.py --task arc_easy      # the multiple-choice cell
     python experiments/train_rlvr.py --recipe grpo --steps 150 --threads 1
     python experiments/train_rlvr.py --recipe sft --full  # full fine-tuning instead of LoRA
+    python experiments/train_rlvr.py --recipe grpo --prompt-filter informative   # GRPO on the questions whose
+                                                          # base-model groups are mixed (DAPO's dynamic sampling)
     python experiments/train_rlvr.py --reward-density squad trivia_qa nq_open basic_arithmetic arc_easy
                                                           # measure each task's reward density first (the choice)
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from reach_lens import cli, plots
-from reach_lens.rlvr.recipes import KINDS, base_name, checkpoints_root, default_recipe
+from reach_lens.rlvr.recipes import KINDS, PROMPT_FILTERS, base_name, checkpoints_root, default_recipe
 
 SAY = cli.say("train_rlvr")
 
@@ -48,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     tuning.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     p.add_argument("--num-generations", type=cli.positive_int, default=None, help="GRPO completions per prompt")
     p.add_argument("--temperature", type=cli.positive_float, default=None, help="GRPO sampling temperature")
+    p.add_argument("--prompt-filter", default=None, choices=[f for f in PROMPT_FILTERS if f],
+                   help="GRPO: train only on questions whose group of base-model samples is neither all right nor all "
+                        "wrong (DAPO's dynamic sampling, once before training; for tasks of low reward density)")
     p.add_argument("--salt", default="rlvr", help="salt of the id-hash split (the compare must use the same)")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids held out for the audit")
     p.add_argument("--seed", type=int, default=0, help="seed of training and of the question subsample (default 0)")
@@ -90,12 +95,12 @@ def recipes_of(args: argparse.Namespace) -> list:
     elif args.lora_r is not None:
         changes["lora_r"] = args.lora_r
     for name, key in (("steps", "steps"), ("lr", "learning_rate"), ("num_generations", "num_generations"),
-                      ("temperature", "temperature")):
+                      ("temperature", "temperature"), ("prompt_filter", "prompt_filter")):
         if getattr(args, name) is not None:
             changes[key] = getattr(args, name)
     kinds = KINDS if args.recipe == "all" else (args.recipe,)
     return [default_recipe(kind, **{k: v for k, v in changes.items()
-                                    if kind == "grpo" or k not in ("num_generations", "temperature")})
+                                    if kind == "grpo" or k not in ("num_generations", "temperature", "prompt_filter")})
             for kind in kinds]
 
 

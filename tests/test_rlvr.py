@@ -320,3 +320,36 @@ def test_recipes_of_two_base_models_never_share_a_checkpoint(tmp_path):
     (tmp_path / "my-base").mkdir()
     assert base_name(tmp_path / "my-base") == str((tmp_path / "my-base").resolve())
     assert default_recipe("sft", base=base_name(tmp_path / "my-base")).name.startswith("sft-my-base-arc_easy-")
+
+
+def test_a_prompt_filter_names_its_own_checkpoint_and_leaves_earlier_names_alone():
+    from reach_lens.rlvr.recipes import Recipe, default_recipe
+
+    plain = default_recipe("grpo", task="squad", fmt="shared")
+    # the name this recipe had before prompt_filter existed (its checkpoint was trained under it): still found
+    assert plain.name == "grpo-smollm2-135m-instruct-squad-lora16-60steps-s0-d7bf7180"
+    assert Recipe.from_dict({k: v for k, v in plain.to_dict().items() if k != "prompt_filter"}) == plain
+    filtered = default_recipe("grpo", task="squad", fmt="shared", prompt_filter="informative")
+    assert filtered.name.startswith("grpo-smollm2-135m-instruct-squad-lora16-informative-60steps-s0-")
+    assert filtered.name != plain.name and Recipe.from_dict(filtered.to_dict()) == filtered
+    with pytest.raises(ValueError, match="prompt_filter 'informative' filters GRPO groups; a sft recipe has none"):
+        default_recipe("sft", prompt_filter="informative")
+    with pytest.raises(ValueError, match="prompt_filter 'easy' unknown"):
+        default_recipe("grpo", prompt_filter="easy")
+
+
+def test_train_rlvr_prompt_filter_applies_to_the_grpo_recipe_only():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "train_rlvr.py"
+    spec = importlib.util.spec_from_file_location("train_rlvr_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    def recipes(*argv):
+        args = script.parse_args(["--task", "squad", "--dtype", "float32", *argv])
+        return script.recipes_of(args)
+
+    grpo, sft = recipes("--prompt-filter", "informative")
+    assert (grpo.kind, grpo.prompt_filter, sft.kind, sft.prompt_filter) == ("grpo", "informative", "sft", None)
+    assert recipes()[0].prompt_filter is None and recipes()[0].name != grpo.name

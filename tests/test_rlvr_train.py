@@ -16,6 +16,7 @@ from reach_lens.rlvr import train as train_module  # noqa: E402
 from reach_lens.rlvr.recipes import default_recipe  # noqa: E402
 from reach_lens.rlvr.split import split_questions  # noqa: E402
 from reach_lens.rlvr.train import read_metadata, stop_token_ids, train, training_ids  # noqa: E402
+from reach_lens.tasks import get_task  # noqa: E402
 from reach_lens.tasks.mc import make_mc_question  # noqa: E402
 
 WORDS = ["<unk>", "<s>", "</s>", "A", "B", "C", "D", ".", "B.", "Answer:", "\n"] + [f"w{i}" for i in range(53)]
@@ -122,3 +123,39 @@ def test_training_device_is_checked_before_training():
     assert training_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="device 'cuda:1'"):
         training_device("cuda:1")
+
+
+def test_informative_filter_trains_on_the_mixed_groups_only_and_samples_once(base_dir, tmp_path, monkeypatch):
+    recipe = default_recipe("grpo", steps=1, num_generations=4, save_steps=1, logging_steps=1, audit_share=0.5,
+                            prompt_filter="informative")
+    train_qs, _, _ = split_questions(QUESTIONS, "arc_easy", recipe.salt, recipe.audit_share)
+    hits = {q.id: i % 5 for i, q in enumerate(train_qs)}  # 0..4 correct of K = 4: only 1..3 are informative
+    drawn, trained_on = [], []
+
+    def fake_hits(model, task, questions, fmt, K, temperature, seed):
+        drawn.append((K, temperature, seed, [q.id for q in questions]))
+        return [hits[q.id] for q in questions]
+
+    real_trainer = train_module._trainer
+
+    def recording_trainer(recipe, model, tokenizer, task, qs, work, device):
+        trained_on.extend(q.id for q in qs)
+        return real_trainer(recipe, model, tokenizer, task, qs, work, device)
+
+    monkeypatch.setattr(train_module, "sample_hits", fake_hits)
+    monkeypatch.setattr(train_module, "_trainer", recording_trainer)
+    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, log=lambda m: None)
+    informative = [q.id for q in train_qs if 0 < hits[q.id] < 4]
+    assert drawn == [(4, recipe.temperature, recipe.seed, [q.id for q in train_qs])]
+    assert trained_on == informative and 0 < len(informative) < len(train_qs)
+    meta = read_metadata(out)["prompt_filter"]
+    assert meta["kept_ids"] == informative
+    assert (meta["kept"], meta["of"], meta["K"]) == (len(informative), len(train_qs), 4)
+    # training_ids: the whole training side, what an audit must avoid
+    assert sorted(training_ids(out)) == sorted(q.id for q in train_qs)
+
+    work = tmp_path / "resumed.work"  # a resumed run reads the kept ids back instead of sampling again
+    work.mkdir()
+    kept, _ = train_module.informative_questions(recipe, base_dir, get_task("arc_easy"), train_qs, work)
+    monkeypatch.setattr(train_module, "sample_hits", lambda *a: pytest.fail("sampled again"))
+    assert train_module.informative_questions(recipe, base_dir, get_task("arc_easy"), train_qs, work)[0] == kept

@@ -21,6 +21,10 @@ from reach_lens.protocol import canonical_json
 
 KINDS = ("grpo", "sft")
 PRECISIONS = ("float32", "bfloat16", "float16")
+PROMPT_FILTERS = (None, "informative")
+# fields added after checkpoints were first named, with their default: a field enters a name's hash only when set
+# otherwise, so a checkpoint trained before the field existed keeps its name and is found again
+LATER_FIELDS = {"prompt_filter": None}
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,10 @@ trained from; two bases never share a recipe, so never a checkpoint directory).
     completions per step. ``max_completion_length`` None means the task's own ``max_new_tokens(fmt)``.
     ``precision`` is the training arithmetic: float32, or bfloat16 / float16 mixed precision (float32 master
     weights, TRL's ``bf16`` / ``fp16``); it changes the result, so it is part of the recipe (the device is not:
-    it is recorded in the checkpoint's metadata).
+    it is recorded in the checkpoint's metadata). ``prompt_filter`` ``"informative"`` (GRPO only) trains on the
+    training questions whose ``num_generations`` base-model samples at ``temperature`` are neither all right nor
+    all wrong, the only groups whose GRPO advantages are not all zero: DAPO's dynamic sampling, done once on the
+    base model before training instead of at every step.
     """
 
     kind: str
@@ -57,6 +64,7 @@ trained from; two bases never share a recipe, so never a checkpoint directory).
     save_steps: int = 25
     logging_steps: int = 5
     precision: str = "float32"
+    prompt_filter: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -71,6 +79,10 @@ trained from; two bases never share a recipe, so never a checkpoint directory).
         if self.lora_r is not None and (isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int)
                                         or self.lora_r < 1):
             raise ValueError(f"lora_r {self.lora_r!r} out of range: expected an int >= 1, or None for full fine-tuning")
+        if self.prompt_filter not in PROMPT_FILTERS:
+            raise ValueError(f"prompt_filter {self.prompt_filter!r} unknown; valid: {list(PROMPT_FILTERS)}")
+        if self.prompt_filter is not None and self.kind != "grpo":
+            raise ValueError(f"prompt_filter {self.prompt_filter!r} filters GRPO groups; a {self.kind} recipe has none")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} unknown; valid: {list(PRECISIONS)}")
         if not 0 < self.audit_share < 1:
@@ -96,8 +108,10 @@ trained from; two bases never share a recipe, so never a checkpoint directory).
 
     @property
     def name(self) -> str:
-        digest = hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()[:8]
-        return f"{self.kind}-{Path(self.base).name}-{self.task}-{self.tuning}-{self.steps}steps-s{self.seed}-{digest}"
+        hashed = {k: v for k, v in self.to_dict().items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+        digest = hashlib.sha256(canonical_json(hashed).encode()).hexdigest()[:8]
+        tuning = self.tuning + ("" if self.prompt_filter is None else f"-{self.prompt_filter}")
+        return f"{self.kind}-{Path(self.base).name}-{self.task}-{tuning}-{self.steps}steps-s{self.seed}-{digest}"
 
 
 DEFAULTS = {

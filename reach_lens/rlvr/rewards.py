@@ -3,6 +3,7 @@
     reward = task_reward(task, questions, fmt="native")      # a TRL reward function
     reward(prompts=[...], completions=["B", "C. a rock"], question_id=["q1", "q1"])   # -> [1.0, 0.0]
     reward_density(model, task, questions, "native", K=8, temperature=0.8, seed=0)   # how much signal GRPO gets
+    sample_hits(model, task, questions, "native", K=8, temperature=1.0)              # correct samples per question
 
 TRL samples up to ``max_completion_length`` tokens and does not stop at the task's stop strings, so the
 reward first cuts each completion before its first stop string (as ``reach_lens.generate`` does for the
@@ -54,17 +55,22 @@ def task_reward(task: Any, questions: Sequence[Any], fmt: str = "native") -> Cal
     return task_grader
 
 
+def sample_hits(model: Any, task: Any, questions: Sequence[Any], fmt: str, K: int, temperature: float,
+                seed: int = 0, batch_size: int = 16) -> list[int]:
+    """How many of K samples of each question are graded correct (``probes.sample``, as the audit draws them)."""
+    from reach_lens import probes
+
+    cands = probes.sample(model, task, questions, fmt, K=K, temperature=temperature, seed=seed, batch_size=batch_size)
+    return [sum(bool(c["correct"]) for c in cs) for cs in cands]
+
+
 def reward_density(model: Any, task: Any, questions: Sequence[Any], fmt: str, K: int, temperature: float,
                    seed: int = 0, batch_size: int = 16) -> dict:
     """How much reward a model's own samples carry on ``questions``: ``density`` (share of the n*K samples
     graded correct, the mean reward), ``any_correct`` (share of questions with a correct sample) and
     ``informative`` (share of questions whose K samples are neither all right nor all wrong: the only groups
-    whose GRPO advantages are not all zero), each with n and K. Samples come from ``probes.sample``, as the
-    audit draws them."""
-    from reach_lens import probes
-
-    cands = probes.sample(model, task, questions, fmt, K=K, temperature=temperature, seed=seed, batch_size=batch_size)
-    hits = [sum(bool(c["correct"]) for c in cs) for cs in cands]
+    whose GRPO advantages are not all zero), each with n and K."""
+    hits = sample_hits(model, task, questions, fmt, K, temperature, seed, batch_size)
     n = len(hits)
     return {"task": task.name, "n": n, "K": K, "T": temperature, "density": sum(hits) / (n * K),
             "any_correct": sum(h > 0 for h in hits) / n, "informative": sum(0 < h < K for h in hits) / n}

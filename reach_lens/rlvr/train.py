@@ -9,9 +9,9 @@ LoRA adapters are merged into the weights, so ``reach_lens.models.load_model(pat
 other checkpoint.
 
 The checkpoint carries ``reach_lens_training.json`` (recipe, split rule and both id lists' hashes, steps,
-wall time, library versions), ``training_ids.json`` (the training question ids, so an audit can prove it
-is disjoint) and ``training_log.csv`` (TRL's log: reward and its spread per logging step for GRPO, loss
-for SFT).
+wall time, library versions; under a prompt filter, the questions it kept), ``training_ids.json`` (the training
+side's question ids, so an audit can prove it is disjoint) and ``training_log.csv`` (TRL's log: reward and its
+spread per logging step for GRPO, loss for SFT).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from reach_lens.rlvr.data import as_dataset, grpo_rows, sft_rows
 from reach_lens.rlvr.recipes import Recipe, checkpoint_path
-from reach_lens.rlvr.rewards import task_reward
+from reach_lens.rlvr.rewards import sample_hits, task_reward
 from reach_lens.rlvr.split import Split, split_questions
 
 METADATA = "reach_lens_training.json"
@@ -131,6 +131,32 @@ def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], wo
                       peft_config=_peft_config(recipe))
 
 
+def informative_questions(recipe: Recipe, base: Path | str, task: Any, questions: Sequence[Any], work: Path,
+                          device: str = "cpu", log=print) -> tuple[list[Any], dict]:
+    """The questions of ``recipe.prompt_filter == "informative"``: those whose ``num_generations`` samples of the
+    base model at the recipe's temperature (``probes.sample``, seeded by the recipe's seed) are neither all right
+    nor all wrong, with a description of the filter for the metadata. The kept ids are written to ``work`` first,
+    so a resumed run does not sample again."""
+    K, kept_file = recipe.num_generations, work / "informative_ids.json"
+    if kept_file.exists():
+        kept_ids = set(json.loads(kept_file.read_text()))
+    else:
+        from reach_lens.models import load_model
+
+        log(f"{recipe.name}: drawing {K} samples of each of {len(questions)} training questions from the base model "
+            f"(T={recipe.temperature:g}) to keep the informative ones")
+        model = load_model(base, device=device)
+        hits = sample_hits(model, task, questions, recipe.fmt, K, recipe.temperature, recipe.seed)
+        kept_ids = {str(q.id) for q, h in zip(questions, hits) if 0 < h < K}
+        kept_file.write_text(json.dumps(sorted(kept_ids)))
+    kept = [q for q in questions if str(q.id) in kept_ids]
+    if not kept:
+        raise ValueError(f"prompt_filter 'informative' kept none of the {len(questions)} training questions: the "
+                         f"base model's {K} samples at T={recipe.temperature:g} are all right or all wrong on each")
+    return kept, {"rule": recipe.prompt_filter, "K": K, "T": recipe.temperature, "of": len(questions),
+                  "kept": len(kept), "kept_ids": [str(q.id) for q in kept]}
+
+
 class _Elapsed:
     """Wall seconds spent training, summed over resumed sessions (kept beside the TRL checkpoints)."""
 
@@ -187,22 +213,26 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     base_eos = model.generation_config.eos_token_id
-    trainer = _trainer(recipe, model, tokenizer, task, train_qs, work, device)
+    kept, prompt_filter = train_qs, None
+    if recipe.prompt_filter is not None:
+        kept, prompt_filter = informative_questions(recipe, base, task, train_qs, work, device, log)
+    trainer = _trainer(recipe, model, tokenizer, task, kept, work, device)
     trainer.add_callback(_callback(elapsed))
     last = get_last_checkpoint(str(work))
-    log(f"{recipe.name}: {recipe.kind} on {len(train_qs)} training questions of {recipe.task} "
-        f"({split.to_dict()['n_audit']} held out for the audit), {recipe.steps} steps"
+    log(f"{recipe.name}: {recipe.kind} on {len(kept)} training questions of {recipe.task}"
+        + ("" if prompt_filter is None else f" (the informative ones of {len(train_qs)})")
+        + f" ({split.to_dict()['n_audit']} held out for the audit), {recipe.steps} steps"
         + (f", resuming from {Path(last).name}" if last else ""))
     trainer.train(resume_from_checkpoint=last)
     elapsed.save()
-    _save(trainer, tokenizer, recipe, split, base, out, elapsed.total(), base_eos, device)
+    _save(trainer, tokenizer, recipe, split, base, out, elapsed.total(), base_eos, device, prompt_filter)
     shutil.rmtree(work, ignore_errors=True)  # the TRL checkpoints were resume points only
     log(f"{recipe.name}: saved to {out} ({elapsed.total() / 60:.1f} min of training)")
     return out
 
 
 def _save(trainer, tokenizer, recipe: Recipe, split: Split, base: Path | str, out: Path, seconds: float,
-          base_eos, device: str) -> None:
+          base_eos, device: str, prompt_filter: dict | None = None) -> None:
     model = trainer.model
     if hasattr(model, "merge_and_unload"):  # a PEFT model: fold the adapters into the weights
         model = model.merge_and_unload()
@@ -219,7 +249,7 @@ def _save(trainer, tokenizer, recipe: Recipe, split: Split, base: Path | str, ou
             "wall_seconds": round(seconds, 1), "device": device, "threads": torch.get_num_threads(),
             "versions": _versions(),
             "reward_first": _mean_reward(log_history, first=True),
-            "reward_last": _mean_reward(log_history, first=False)}
+            "reward_last": _mean_reward(log_history, first=False), "prompt_filter": prompt_filter}
     (staging / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     if out.exists():
         shutil.rmtree(out)
