@@ -166,8 +166,11 @@ def main(argv=None) -> int:
         reward = (f"; reward (mean of 5 logging steps) {meta['reward_first']:.3f} -> {meta['reward_last']:.3f}"
                   if meta.get("reward_first") is not None else "")
         curve = args.figures / f"rlvr_training_{recipe.name}.png"
+        kept = meta.get("prompt_filter")
+        trained_on = ("training split" if kept is None else
+                      f"the {kept['kept']} {kept['rule']} of its {kept['of']} training questions")
         plots.plot_rlvr_training(pd.read_csv(path / LOG), curve,
-                                 f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, training split")
+                                 f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, {trained_on}")
         SAY(f"{recipe.kind}: {meta['steps']} steps, {meta['wall_seconds'] / 60:.1f} min of training "
             f"({(time.time() - started) / 60:.1f} min this call){reward}; checkpoint {path}; curve {curve}")
     return 0

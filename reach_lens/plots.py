@@ -692,8 +692,9 @@ def plot_rlvr_training(log: pd.DataFrame, path: Path | str | None = None, title:
     ax = fig.add_subplot()
     ax.plot(g["step"], g[metric], marker="o", ms=3, lw=0.8, color="tab:blue", label=f"{metric} per logging step")
     if metric == "reward" and "reward_std" in g:
-        ax.fill_between(g["step"], g["reward"] - g["reward_std"], g["reward"] + g["reward_std"], color="tab:blue",
-                        alpha=0.12, lw=0, label="± std over the step's completions")
+        ax.fill_between(g["step"], (g["reward"] - g["reward_std"]).clip(lower=0),  # a reward lies in [0, 1]
+                        (g["reward"] + g["reward_std"]).clip(upper=1), color="tab:blue", alpha=0.12, lw=0,
+                        label="± std over the step's completions (within [0, 1])")
     ax.plot(g["step"], g[metric].rolling(5, min_periods=1).mean(), color="black", lw=1.6, label="running mean (5)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward (task grader)" if metric == "reward" else "training loss")
