@@ -106,7 +106,7 @@ def test_embedded_table_describes_every_model():
 
 # Largest |log p(reach_lens) - log p(HF)| over every position and vocabulary entry of the prompts below.
 LOGPROB_TOLERANCE = {"smollm2-135m-instruct": 3e-4, "gemma3-270m": 3e-4}  # measured: 1.4e-4, 1.0e-4
-ATTENTION = {"smollm2-135m-instruct": "fast", "gemma3-270m": "transformer_lens"}
+ATTENTION = {"smollm2-135m-instruct": "fast", "gemma3-270m": "fast"}
 SHAPES = {"smollm2-135m-instruct": (30, 576, 49152), "gemma3-270m": (18, 640, 262144)}
 NEW_TOKENS = 10
 GEMMA_WINDOW = 512

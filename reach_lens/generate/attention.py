@@ -9,9 +9,11 @@
   grouped-query products per KV-head group, so a decode step neither copies nor re-rotates the cache
   (TransformerLens 3.9's attention does both on every step). It fires the same hook points with the same
   shapes, reads each row's rotary positions from the attention mask (each row counts its own tokens from
-  0), and is used only for the configurations it supports (rotary, causal, global attention, no per-head
-  inputs or results, no QK norm clipping or sinks); any other model runs TransformerLens's own attention on
-  the same cache (keys then stay unrotated: ``rotated_keys(model)`` says which).
+  0), and is used only for the configurations it supports (rotary, causal, global or sliding-window attention,
+  no per-head inputs or results, no QK clipping or sinks); any other model runs TransformerLens's own attention
+  on the same cache (keys then stay unrotated; ``TransformerLensEngine.attention`` says which). A sliding window counts
+  columns, as TransformerLens's mask does: a row's tokens fill consecutive columns, so a column distance is a
+  token distance.
 """
 
 from __future__ import annotations
@@ -156,8 +158,8 @@ def fast_attention_supported(model: HookedTransformer) -> bool:
         and not (cfg.use_attention_sinks or cfg.use_logn_attn or cfg.use_dynamic_ntk_rope or cfg.load_in_4bit)
         and cfg.clip_qkv is None
         and cfg.original_architecture not in ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
-        and all(isinstance(b.attn, AbstractAttention) and b.attn.attn_type == "global"
-                and b.attn._attention_dir_override is None for b in model.blocks)
+        and all(isinstance(b.attn, AbstractAttention) and b.attn._attention_dir_override is None
+                and (b.attn.attn_type == "global" or isinstance(cfg.window_size, int)) for b in model.blocks)
     )
 
 
@@ -191,7 +193,10 @@ def _fast_forward(
     scores = (q_grouped @ keys.permute(0, 2, 3, 1)) / self.attn_scale
     scores = apply_softcap(scores.view(batch, n_heads, n_new, kv_pos), self.cfg.attn_scores_soft_cap)
     query_columns = torch.arange(kv_pos - n_new, kv_pos, device=scores.device)
-    visible = torch.arange(kv_pos, device=scores.device)[None, :] <= query_columns[:, None]
+    key_columns = torch.arange(kv_pos, device=scores.device)
+    visible = key_columns[None, :] <= query_columns[:, None]
+    if self.attn_type == "local":  # a sliding window (Gemma 2/3's local layers, Mistral)
+        visible = visible & (key_columns[None, :] > query_columns[:, None] - self.cfg.window_size)
     visible = visible[None, None] & attention_mask.bool()[:, None, None, :]
     scores = self.hook_attn_scores(torch.where(visible, scores, self.IGNORE))
     pattern = F.softmax(scores, dim=-1)
