@@ -106,7 +106,7 @@ def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, 
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",
                                      "random_routes": args.random_routes})
     laws = "+".join(args.random_routes)
-    store = RunStore(args.out / f"{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
+    store = RunStore(args.out / f"{protocol.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
     searches = cli.resume(store, "searches", qs, args.chunk, lambda part: search_rows(
         model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
         desc=f"{label} {task.name} searches")
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
         curves = tables["oracle_curves"]
         curves["guess"] = [audit.guesser_reach(floors[t], k) for t, k in zip(curves.task, curves.k)]
-        tag = f"n{args.n}-K{args.K}-{law}"
+        tag = f"{base.cfg.model_name}-n{args.n}-K{args.K}-{law}"  # two models' runs never share a figure
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)
         figures = {out / f"routing_oracle_{space}_{tag}.png": plots.plot_oracle_curves(tables["oracle_curves"], space)

@@ -72,7 +72,7 @@ def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStor
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",
                                                                "random_routes": args.random_routes})
     samples = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in temperatures(args)}
-    root = args.out / f"{deploy.model}-{label}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"
+    root = args.out / f"{deploy.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"  # a pruned copy's name says so
     bs, cell = args.batch_size, f"{label} {task.name}"
     deployed = cli.resume(RunStore(root / "deployed", deploy), "deployed", qs, args.chunk, lambda part: [
         {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt, batch_size=bs))],

@@ -271,22 +271,35 @@ def test_selection_draws_the_sampling_gap_samples_and_flags_collapse(tiny):
     assert (medians[medians.probe.isin(collapsed_probes)].collapsed_cells == 1).all()
 
 
-def test_selection_of_two_models_in_one_directory_keeps_both(tiny, letter_model, monkeypatch):
-    """A second model's run goes beside the first one's: its own run directories and figures, none overwritten."""
+TWO_MODEL_RUNS = {  # script: (its arguments, its run directory and figure names for a model name)
+    "selection": (["--n", "3", "--K", "2", "--T", "0.8", "--temperatures", "0.8"],
+                  lambda m: ([f"{m}-arc_easy-n3-K2-s0"],
+                             [f"selection_recovery_{m}-n3-K2-T0.8.png", f"selection_gap_vs_temperature_{m}-n3-K2.png",
+                              f"selection_temperature_embedded_arc_easy_{m}-n3-K2.png"])),
+    "routing": (["--n", "2", "--K", "3", "--methods", "random", "mcts", "--random-routes", "geometric"],
+                lambda m: ([f"{m}-arc_easy-n2-K3-s0-geometric"],
+                           [f"routing_oracle_skip_repeat_{m}-n2-K3-geometric.png",
+                            f"routing_random_minus_structured_{m}-n2-K3-geometric.png"])),
+}
+
+
+@pytest.mark.parametrize("script_name", sorted(TWO_MODEL_RUNS))
+def test_two_models_in_one_directory_keep_their_runs_and_figures(script_name, tiny, letter_model, monkeypatch):
+    """A second model's run goes beside the first one's: its own run directories and figures, none overwritten
+    (before, the second run's store refused the other model's protocol)."""
     _, common = tiny
     other = make_tiny_model(n_layers=4, d_vocab=100, seed=2)
     other.tokenizer, other.cfg.model_name = LetterTokenizer(), "other-tiny"
-    args = ["--tasks", "arc_easy", "--n", "3", "--K", "2", "--T", "0.8", "--temperatures", "0.8", *common]
+    extra, expected = TWO_MODEL_RUNS[script_name]
     for model in (letter_model, other):
         monkeypatch.setattr(cli, "load", lambda args, name=None, model=model: model)
-        assert load_script("selection").main(args) == 0
+        assert load_script(script_name).main(["--tasks", "arc_easy", *extra, *common]) == 0
     names = (letter_model.cfg.model_name, "other-tiny")
     runs = sorted(p.name for p in Path(common[5]).iterdir() if not p.name.startswith("summary-"))
-    assert runs == sorted(f"{name}-embedded-arc_easy-n3-K2-s0" for name in names)
+    assert runs == sorted(run for name in names for run in expected(name)[0])
     figures = {p.name for p in Path(common[7]).iterdir()}
     for name in names:
-        assert {f"selection_recovery_{name}-n3-K2-T0.8.png", f"selection_gap_vs_temperature_{name}-n3-K2.png",
-                f"selection_temperature_embedded_arc_easy_{name}-n3-K2.png"} <= figures
+        assert set(expected(name)[1]) <= figures
 
 
 # ---------------------------------------------------------------- routing
