@@ -558,7 +558,7 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str | None = None,
         ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: the bars reach the top
     fig.suptitle(f"{title} ({_protocol_note(df)})", fontsize=10)
     return _finish(fig, path)
 
