@@ -11,7 +11,7 @@ accuracy exceeds its generation accuracy with disjoint 95% Wilson intervals and 
 ``--min-failures`` failure questions: a failure set large enough for the localization study.
 
 Outputs: census.csv and census.parquet in a summary-<hash>/ directory of --out (named by the protocols of its
-cells), and census.png there and in --figures.
+cells), and census_<models>.png there and in --figures (models joined by +).
 """
 from __future__ import annotations
 
@@ -63,13 +63,14 @@ def main(argv=None) -> int:
             rows += screen_checkpoint(base, name, sparsity, cells, questions, args, protocols)
         del base
     table = pd.DataFrame(rows)
-    names = " and ".join(dict.fromkeys(table.checkpoint.str.replace(r"-mlp[0-9.]+$", "", regex=True)))
+    models = list(dict.fromkeys(table.checkpoint.str.replace(r"-mlp[0-9.]+$", "", regex=True)))
+    pruned = " and MLP-pruned copies" if args.sparsities else ""
 
     out = cli.summary_dir(args.out, protocols)
     table.to_csv(out / "census.csv", index=False)
     table.to_parquet(out / "census.parquet", index=False)
-    cli.publish(args.figures, {out / "census.png": plots.plot_census(
-        table, title=f"Recognition vs generation, {names} and MLP-pruned copies (n = {args.n} per cell)")})
+    cli.publish(args.figures, {out / f"census_{'+'.join(models)}.png": plots.plot_census(  # one figure per model set
+        table, title=f"Recognition vs generation, {' and '.join(models)}{pruned} (n = {args.n} per cell)")})
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[["cell", "fmt", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail",
                      "n_healthy", "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"),
