@@ -627,7 +627,8 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
                                                                           "expected_hi"))
             ax.errorbar(x + width / 4, e, yerr=np.vstack([e - lo, hi - e]), fmt="_", ms=9, mew=1.5, capsize=2,
                         color=line[0].get_color(), alpha=0.6,
-                        label=f"{pair}, K = {K}: expected if independent of hit rate (95%)" if j == 0 else None)
+                        label="tick right of each point: its share if realization ignored the hit rate (95%)"
+                        if j == 0 else None)
         for xi, hi, n in zip(x, g["realization_hi"].to_numpy(dtype=float), g["n"].to_numpy()):
             ax.annotate(f"{int(n)}", (xi, -0.05 if np.isnan(hi) else hi), textcoords="offset points",
                         xytext=(0, 0 if np.isnan(hi) else 3), ha="center",
@@ -640,7 +641,7 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
     ax.set_ylabel("share realized after training")
     ax.set_ylim(-0.08, 1.05)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: points fill the axes
     ax.set_title(f"{title}\n(n = {_n(df.groupby(['pair', 'K'])['n'].sum())} base-unrealized questions, "
                  f"T = {float(df['T'].iloc[0]):g}; Wilson 95%)", fontsize=10)
     return _finish(fig, path)
