@@ -57,7 +57,7 @@ def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
     name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
     tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
-    tag += "" if deploy.engine == "transformer_lens" else f"-{deploy.engine}"
+    tag += "" if deploy.engine == "transformer_lens" else f"-{deploy.engine.split()[0]}"  # "vllm (...)": -vllm
     run = args.out / tag
 
     def deployed_rows(part):

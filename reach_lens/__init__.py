@@ -9,6 +9,10 @@
 
 __version__ = "0.2.0"
 
+from reach_lens.wheels import hide_broken_wheels
+
+hide_broken_wheels()  # before transformers is imported: see reach_lens.wheels
+
 from reach_lens.audit import reach_curve, summarize
 from reach_lens.generate import Engine, Generation, Request, engine_for
 from reach_lens.hooks import Latents, Route, Silence, Steer, Units, hooks_for, intervention_from_dict

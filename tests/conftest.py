@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import reach_lens  # noqa: F401  (before transformer_lens: marks broken optional wheels absent, reach_lens.wheels)
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout

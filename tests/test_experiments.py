@@ -126,9 +126,9 @@ def test_sampling_gap_tables_are_the_stored_records(tiny):
 
 
 def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(tiny, letter_model, monkeypatch):
-    """--engine vllm: the hook-free probes run on that engine (here a stand-in with vLLM's name and capabilities,
-    since vLLM needs a GPU), its name enters the protocol, and its runs never share a directory with the
-    TransformerLens engine's."""
+    """--engine vllm: the hook-free probes run on that engine (here a stand-in with vLLM's name, capabilities and
+    protocol description; tests/test_vllm.py runs the real one), its name and seeding enter the protocol, and its
+    runs never share a directory with the TransformerLens engine's."""
     from reach_lens.generate import TransformerLensEngine, vllm_engine
 
     made = []
@@ -136,24 +136,32 @@ def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(ti
     class StandIn(TransformerLensEngine):
         name, capabilities = "vllm", frozenset({"loglik"})
 
-        def __init__(self, model, dtype, tensor_parallel_size, seed):
-            made.append((str(model), dtype, tensor_parallel_size))
+        def __init__(self, model, dtype, tensor_parallel_size, seed, device):
+            made.append((str(model), dtype, tensor_parallel_size, device))
             super().__init__(letter_model)
+
+        def describe(self):
+            return {**super().describe(), "engine": f"vllm ({vllm_engine.SEEDING})"}
 
     _, common = tiny
     monkeypatch.setattr(vllm_engine, "VLLMEngine", StandIn)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")  # --threads 1 binds vLLM's CPU workers only where unset
     script = load_script("sampling_gap")
     argv = ["--tasks", "arc_easy", "--n", "4", "--K", "2", "--temperatures", "0.8", *common]
-    with pytest.raises(cli.UserError, match="--engine vllm needs a CUDA GPU; --device is 'cpu'"):
-        script.main([*argv, "--engine", "vllm", "--device", "cpu"])
-    monkeypatch.setattr(cli, "resolve_device", lambda name: "cuda")  # as on a GPU machine
-    assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--n-devices", "2"]) == 0
-    assert made == [("/ckpt", "bfloat16", 2)]
+    with pytest.raises(cli.UserError, match="--n-devices 2 splits a model over GPUs; --device is 'cpu'"):
+        script.main([*argv, "--engine", "vllm", "--device", "cpu", "--n-devices", "2"])
+    assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--device", "cpu"]) == 0
+    assert made == [("/ckpt", "float32", 1, "cpu")]
     run = one(cells(Path(common[5])))
     assert run.name.endswith("-vllm")
-    assert json.loads((run / "T0.8" / "protocol.json").read_text())["protocol"]["engine"] == "vllm"
+    protocol = json.loads((run / "T0.8" / "protocol.json").read_text())["protocol"]
+    assert protocol["engine"] == "vllm (per-request seeds)"
     assert script.main(argv) == 0  # the TransformerLens engine: another directory
     assert len(cells(Path(common[5]))) == 2
+    monkeypatch.setattr(cli, "resolve_device", lambda name: "cuda")  # as on a GPU machine: tensor parallelism
+    assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--n-devices", "2",
+                        "--out", str(Path(common[5]) / "gpu")]) == 0
+    assert made[-1] == ("/ckpt", "bfloat16", 2, "cuda")
 
 
 @pytest.mark.parametrize("script_name", ["census", "mlp_localize", "routing", "sampling_gap", "selection",
