@@ -142,6 +142,7 @@ def audit_checkpoints(args, task, questions, settings, checkpoints: dict[str, Pa
         control[label] = deploy_records(engine, task, questions, args.control_fmt,
                                         RunStore(run_root / name / args.control_fmt, p_control), args.chunk,
                                         args.batch_size, desc=f"{label}: greedy ({args.control_fmt})")
+        engine.close()
         del model, engine
         gc.collect()
     return native, control, protocols

@@ -21,7 +21,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots, probes
+from reach_lens import audit, cli, engine_for, plots, probes
 from reach_lens.protocol import Protocol
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
             row, used = run_cell(model, task, questions, args, say)
             rows.append(row)
             protocols += used
+        engine_for(model).close()
         del model
     table = pd.DataFrame(rows)
     out = cli.summary_dir(args.out, protocols, name="summary-table2")

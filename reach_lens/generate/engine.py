@@ -66,6 +66,10 @@ class Engine(ABC):
     def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
         """The summed log-probability of each request's continuation after its context."""
 
+    def close(self) -> None:
+        """Free what the engine holds outside this process's Python objects (vLLM's engine process and its KV
+        cache); nothing for an engine that holds nothing such. The engine is not used after."""
+
     def check(self, requests: Sequence[Request], hooks: Hooks = ()) -> None:
         """Refuse what this engine cannot do, naming the first request that needs it."""
         if hooks and "hooks" not in self.capabilities:
