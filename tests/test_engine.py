@@ -9,6 +9,7 @@ from reach_lens.generate import (Engine, EngineCapabilityError, Generation, Logl
                                  TransformerLensEngine, engine_for, first_hooked_layer, row_seed)
 from reach_lens.generate.attention import output_weight
 from reach_lens.generate.loop import embed, schedule
+from reach_lens.generate import prefill
 from reach_lens.generate.prefill import padded_batches
 from reach_lens.hooks import Silence, Steer, Units, hooks_for
 
@@ -189,6 +190,65 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
     again = engine.generate([greedy(p, 5) for p in prompts])
     monkeypatch.undo()
     assert all(w[1] == 1 for w in widths) and [g.tokens for g in again] == [g.tokens for g in first]
+
+
+@pytest.mark.parametrize("which", ["model", "fallback_model"])
+def test_long_prompts_after_long_shots_hold_the_shots_once_and_equal_the_reference(which, request, monkeypatch):
+    """Few-shot prompts (a long block of shots, then each question's tokens): the shots run once, each prompt's own
+    tokens in batches whose attention scores fit ``SCORES_BUDGET``; every cached question keeps its own positions
+    only and refers to the shots' entry, which a prefix cache too small for all the questions never evicts before
+    them. Greedy answers equal step-by-step uncached forwards and the engine without sharing; a later call with
+    routes and a hook reuses those entries and equals the reference too."""
+    m = request.getfixturevalue(which)
+    cfg = m.cfg
+    shots = random_prompts([80], seed=11)[0]
+    tails = random_prompts([30, 5, 24, 18, 9, 27, 12], seed=12)
+    prompts = [shots + t for t in tails]
+    budget = 2 * cfg.n_heads * 30 * (80 + 30)  # two of the longest questions per block call
+    monkeypatch.setattr(prefill, "SCORES_BUDGET", budget)
+    per_position = 4 * ((cfg.n_layers + 1) * cfg.d_model + cfg.n_layers * 2 * cfg.n_key_value_heads * cfg.d_head)
+    engine = TransformerLensEngine(m, prefix_cache_bytes=per_position * (len(shots) + 60))  # shots + ~3 questions
+    widths = []
+    block = m.blocks[0]
+    monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
+        widths.append(tuple(resid.shape[:2])), forward(resid, *a, **k))[1])
+    gens = engine.generate([greedy(p, 6) for p in prompts], batch_size=4)
+    monkeypatch.undo()
+    alone = TransformerLensEngine(m, share_prefixes=False).generate([greedy(p, 6) for p in prompts], batch_size=4)
+    for p, gen, ref in zip(prompts, gens, alone):
+        tokens, logprobs, _, _ = reference(m, p, 6)
+        assert gen.tokens == tokens == ref.tokens, len(p)
+        assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4)
+        assert gen.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-5)
+
+    prefills = [w for w in widths if w[1] > 1]
+    assert prefills[0] == (1, len(shots))  # the shots, once
+    own = prefills[1:]
+    assert sum(rows for rows, _ in own) == len(prompts)  # then every prompt once, its own tokens only
+    assert all(n <= max(map(len, tails)) for _, n in own)
+    assert all(rows == 1 or rows * cfg.n_heads * n * (len(shots) + n) <= budget for rows, n in own)
+    assert len(own) > 3  # the budget split the batches
+
+    cache = engine.prefix_cache
+    base = cache.entries[shots]  # kept, although the questions did not all fit
+    questions = [p for p in cache.entries if p != shots]
+    assert 0 < len(questions) < len(prompts)  # the least recently used questions went first
+    assert cache.bytes == sum(e.nbytes for e in cache.entries.values()) <= cache.max_bytes
+    for p in questions:
+        entry = cache.entries[p]
+        assert entry.base is base and entry.depth == cfg.n_layers
+        assert all(r.shape[1] == len(p) - len(shots) for r in entry.resid)  # the shots' positions not copied
+        assert all(k.shape[1] == v.shape[1] == len(p) - len(shots) for k, v in entry.kv)
+        full = entry.residual(2)
+        assert full.shape[1] == len(p) and torch.equal(full[:, :len(shots)], base.resid[2])
+
+    routes = (None, (0, 1, 1, 2, 3), (0, 2, 3), (0, 1, 2, 3, 3))
+    reqs = [greedy(p, 5, r) for p in prompts[:4] for r in routes]
+    hooked = engine.generate(reqs, hooks=HOOKS["mlp1"], batch_size=5)
+    for req, gen in zip(reqs, hooked):
+        tokens, logprobs, _, _ = reference(m, req.prompt, 5, req.route, HOOKS["mlp1"])
+        assert gen.tokens == tokens, (len(req.prompt), req.route)
+        assert gen.token_logprobs == pytest.approx(logprobs, abs=1e-4)
 
 
 def test_padded_batches_group_similar_lengths_and_bound_the_padding():

@@ -11,7 +11,11 @@ Three kinds of sharing, all exact:
   task starts with) computes its clean prefix only for the tokens after them, attending to the cached keys
   and values (attention is causal, so the first tokens' residuals and keys are the cached ones). Before a
   call, the longest token prefix common to all its prompts is prefilled once as such an entry
-  (``share_common_prefix``), so the block is computed once per model, not once per question.
+  (``share_common_prefix``), so the block is computed once per model, not once per question. The extending
+  entry keeps only its own positions and refers to the entry it extends (``CleanPrefix.base``): the shared
+  tokens' residuals and keys exist once in memory, however many prompts extend them, and a prefill hands the
+  decode loop its keys and values as consecutive pieces (``Pieces``: the shared ones, then its own), copied
+  once, into the row's decode cache.
 - **shared tokens under hooks**: when every hook of the call is ``positionwise`` (``reach_lens.hooks``), the
   blocks from the first hooked layer on also run that common prefix once per call, under the hooks, and each
   prompt of the full path computes only its own tokens there, attending to the prefix's hooked keys and values
@@ -38,41 +42,70 @@ from reach_lens.generate.attention import Entry, block_device
 from reach_lens.positions import row_positions
 
 PADDING_WASTE = 0.25  # a right-padded prefill batch computes at most this share of its real tokens again as padding
+# attention scores (prompts x heads x queries x keys) of one prefill block call, at most (unless one prompt alone
+# has more): 16 MB in float32. Larger batches ran slower per token on the CPU, not faster (SQuAD 5-shot prompts,
+# 200-350 own tokens after ~1,000 shared ones: 2^24 took 1.4x the time of 2^22, scores and softmax out of cache)
+SCORES_BUDGET = 1 << 22
 
 Path = tuple[int, ...]
+KV = tuple[Tensor, Tensor]  # keys and values of consecutive positions, [kv_head, n, d_head] each
+Pieces = tuple[KV, ...]  # one block's keys and values of a prompt, as consecutive pieces (shared ones first)
 
 
-@dataclass
+@dataclass(eq=False)
 class CleanPrefix:
-    """One prompt run without hooks along the full path through its first ``depth`` blocks.
+    """One prompt (``tokens``) run without hooks along the full path through its first ``depth`` blocks.
 
-    ``resid[d]``: ``[1, n, d_model]`` entering block d (d = 0..depth); ``kv[d]``: keys and values of block d,
-    ``[kv_head, n, d_head]`` each (d < depth).
+    ``base``: the clean prefix of its first ``start`` tokens (a cached prompt it extends, e.g. a few-shot block),
+    or None (``start`` 0); only the positions after them are stored here: ``resid[d]``: ``[1, n - start,
+    d_model]`` entering block d (d = 0..depth); ``kv[d]``: keys and values of block d, ``[kv_head, n - start,
+    d_head]`` each (d < depth). A base is at least as deep as what extends it (``Prefiller._extend``).
     """
 
+    tokens: Path
     resid: list[Tensor]
-    kv: list[tuple[Tensor, Tensor]]
+    kv: list[KV]
+    base: CleanPrefix | None = None
 
     @property
     def depth(self) -> int:
         return len(self.kv)
 
     @property
+    def start(self) -> int:
+        return 0 if self.base is None else len(self.base.tokens)
+
+    @property
     def nbytes(self) -> int:
+        """Bytes of the positions stored here (not the base's)."""
         return sum(t.numel() * t.element_size() for t in self.resid) + sum(
             k.numel() * k.element_size() * 2 for k, _ in self.kv)
+
+    def residual(self, d: int, since: int = 0) -> Float[Tensor, "1 pos d_model"]:
+        """The residual entering block ``d`` at positions ``since`` .. n-1 (the base's positions concatenated in
+        front of this entry's own when they are asked for: a copy, made only then)."""
+        if since >= self.start:
+            return self.resid[d][:, since - self.start:]
+        return torch.cat([self.base.residual(d, since).to(self.resid[d].device), self.resid[d]], dim=1)
+
+    def pieces(self, d: int) -> Pieces:
+        """Keys and values of block ``d`` at every position of the prompt, as consecutive pieces (no copy)."""
+        return (self.base.pieces(d) if self.base is not None else ()) + (self.kv[d],)
 
 
 class PrefixCache:
     """Clean prefixes by prompt, least recently used evicted beyond ``max_bytes``.
 
     Entries are valid for one ``stamp`` (the model's parameters, modules and attention implementation):
-    a call with another stamp empties the cache first.
+    a call with another stamp empties the cache first. An entry counts the bytes it stores itself; the entry
+    it extends (its ``base``) is kept in the cache, and used whenever it is, so a base outlives what
+    extends it and its positions are never held twice.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: OrderedDict[Path, CleanPrefix] = OrderedDict()
+        self.sizes: dict[Path, int] = {}  # bytes of each entry when it was last put (entries grow in depth)
         self.stamp: Hashable = None
         self.bytes = 0
 
@@ -83,12 +116,13 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.entries.clear()
+        self.sizes.clear()
         self.bytes = 0
 
     def get(self, prompt: Path) -> CleanPrefix | None:
         found = self.entries.get(prompt)
         if found is not None:
-            self.entries.move_to_end(prompt)
+            self._touch(found)
         return found
 
     def longest_prefix(self, prompt: Path) -> Path | None:
@@ -100,24 +134,49 @@ class PrefixCache:
         return best
 
     def put(self, prompt: Path, prefix: CleanPrefix) -> None:
-        old = self.entries.pop(prompt, None)
-        self.bytes -= old.nbytes if old is not None else 0
-        if prefix.nbytes > self.max_bytes:
-            return
-        self.entries[prompt] = prefix
-        self.bytes += prefix.nbytes
+        """Keep (or re-count, after it grew) ``prefix`` as the entry of ``prompt``, and its bases after it: an entry
+        is evicted before the entries it extends."""
+        self._drop(prompt)
+        self._add(prompt, prefix)
+        base = prefix.base
+        while base is not None:
+            cached = self.entries.get(base.tokens)
+            if cached is base:
+                self._drop(base.tokens)  # re-counted and most recently used
+            if cached is base or cached is None:
+                self._add(base.tokens, base)
+            base = base.base
         while self.bytes > self.max_bytes:
-            _, evicted = self.entries.popitem(last=False)
-            self.bytes -= evicted.nbytes
+            evicted, _ = self.entries.popitem(last=False)
+            self.bytes -= self.sizes.pop(evicted)
+
+    def _add(self, prompt: Path, prefix: CleanPrefix) -> None:
+        size = prefix.nbytes
+        if size <= self.max_bytes:
+            self.entries[prompt] = prefix
+            self.sizes[prompt] = size
+            self.bytes += size
+
+    def _touch(self, prefix: CleanPrefix) -> None:
+        """Mark ``prefix`` and then its bases most recently used."""
+        while prefix is not None:
+            if self.entries.get(prefix.tokens) is prefix:
+                self.entries.move_to_end(prefix.tokens)
+            prefix = prefix.base
+
+    def _drop(self, prompt: Path) -> None:
+        if prompt in self.entries:
+            del self.entries[prompt]
+            self.bytes -= self.sizes.pop(prompt)
 
 
 @dataclass
 class Prefilled:
-    """One (prompt, route) after its prompt: keys/values per route position (``[kv_head, n, d_head]`` each),
-    the residual entering ``ln_final`` at the last prompt position (``[d_model]``) and the next-token logits
-    (``[d_vocab]``)."""
+    """One (prompt, route) after its prompt: keys/values per route position (``Pieces`` covering the prompt's
+    positions, each ``[kv_head, n_i, d_head]``), the residual entering ``ln_final`` at the last prompt position
+    (``[d_model]``) and the next-token logits (``[d_vocab]``)."""
 
-    kv: list[tuple[Tensor, Tensor]]
+    kv: list[Pieces]
     hidden: Tensor
     logits: Tensor
 
@@ -136,6 +195,19 @@ def padded_batches(lengths: Sequence[int], waste: float = PADDING_WASTE) -> list
             batches.append([i])
             tokens = lengths[i]
     return batches
+
+
+def budgeted_batches(lengths: Sequence[int], past: int, n_heads: int, budget: int = SCORES_BUDGET) -> list[list[int]]:
+    """``padded_batches(lengths)``, each cut into runs of prompts whose attention scores (prompts x ``n_heads`` x the
+    batch's longest length x (``past`` + it), one block's) stay within ``budget`` elements (at least one prompt a
+    run). Past a few million scores a batch runs slower per token on the CPU, not faster: the score tensors and
+    their softmax leave the caches, and every step allocates them afresh."""
+    out = []
+    for batch in padded_batches(lengths):
+        longest = lengths[batch[0]]
+        step = max(1, budget // max(1, n_heads * longest * (past + longest)))
+        out += [batch[i:i + step] for i in range(0, len(batch), step)]
+    return out
 
 
 def clean_length(route: Path) -> int:
@@ -157,7 +229,7 @@ class Prefiller:
         self.model, self.cache, self.hooked_from, self.share = model, cache, hooked_from, share
         self.n_layers = model.cfg.n_layers
         self.positionwise_hooks = positionwise_hooks
-        self.hooked_prefix: tuple[Path, list[tuple[Tensor, Tensor]]] | None = None  # tokens, kv of hooked blocks
+        self.hooked_prefix: tuple[Path, list[KV]] | None = None  # tokens, kv of hooked blocks
 
     # ---- pieces ---------------------------------------------------------------------------------
 
@@ -170,44 +242,51 @@ class Prefiller:
         return resid
 
     def _block(self, layer: int, resid: Float[Tensor, "batch pos d_model"],
-               past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Entry]:
+               past: Pieces | None = None) -> tuple[Tensor, Entry]:
         """Block ``layer`` over rows of one prompt (several rows when route prefixes share a depth), or over the
         right-padded own tokens of several prompts after a common prefix (``full_paths``, positionwise hooks
         only), with a fresh cache entry; positioned hooks see every row at the prompt's positions. ``past``: keys
-        and values (``[kv_head, p, d_head]``) of the first p tokens, which every row of ``resid`` continues."""
+        and values of the first p tokens, which every row of ``resid`` continues (``Pieces``, in order)."""
         device = self._device(layer)
         batch, n = resid.shape[:2]
-        start = 0 if past is None else past[0].shape[1]
+        start = 0 if past is None else sum(keys.shape[1] for keys, _ in past)
         entry = Entry.empty(self.model, batch, start + n, device)
-        if past is not None:
-            entry.append(past[0].transpose(0, 1)[None], past[1].transpose(0, 1)[None])
+        for keys, values in past or ():
+            entry.append(keys.transpose(0, 1)[None], values.transpose(0, 1)[None])
         ones = torch.ones((batch, start + n), dtype=torch.long, device=device)
         positions = torch.arange(start, start + n, device=device).expand(batch, n)
         with row_positions(positions, torch.full((batch,), start + n, device=device)):
             out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
         return out, entry
 
+    def _batches(self, lengths: Sequence[int], past: int) -> list[list[int]]:
+        return budgeted_batches(lengths, past, self.model.cfg.n_heads, SCORES_BUDGET)
+
     def _clean(self, prompt: Path, depth: int) -> CleanPrefix:
-        """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there (after the
-        longest cached prompt its tokens start with, when there is one)."""
+        """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there; a prompt not
+        cached extends the longest cached prompt its tokens start with, when there is one (``CleanPrefix.base``)."""
         found = self.cache.get(prompt) if self.cache is not None else None
         if found is None:
-            found = CleanPrefix([self._embed(prompt)], [])
-        if found.depth < depth:
             shared = self.cache.longest_prefix(prompt) if self.cache is not None else None
             base = self._clean(shared, depth) if shared is not None else None
-            start = 0 if shared is None else len(shared)
-            for layer in range(found.depth, depth):
-                if base is None:
-                    out, entry = self._block(layer, found.resid[-1])
-                    found.resid.append(out)
-                else:
-                    out, entry = self._block(layer, found.resid[-1][:, start:], past=base.kv[layer])
-                    found.resid.append(torch.cat([base.resid[layer + 1].to(out.device), out], dim=1))
-                found.kv.append(entry.row(0))
-        if self.cache is not None:
-            self.cache.put(prompt, found)
+            start = 0 if base is None else len(base.tokens)
+            found = CleanPrefix(prompt, [self._embed(prompt)[:, start:].clone()], [], base)
+        self._extend(found, depth)
         return found
+
+    def _extend(self, prefix: CleanPrefix, depth: int) -> None:
+        """Run ``prefix``'s own positions through its blocks up to ``depth`` (its base first), and cache it."""
+        if prefix.depth < depth:
+            if prefix.base is not None:
+                self._extend(prefix.base, depth)
+            for layer in range(prefix.depth, depth):
+                past = None if prefix.base is None else prefix.base.pieces(layer)
+                out, entry = self._block(layer, prefix.resid[-1], past=past)
+                keys, values = entry.row(0)
+                prefix.resid.append(out)
+                prefix.kv.append((keys[:, prefix.start:].clone(), values[:, prefix.start:].clone()))
+        if self.cache is not None:
+            self.cache.put(prefix.tokens, prefix)
 
     def _clean_many(self, prompts: Sequence[Path], depth: int) -> list[CleanPrefix]:
         """``_clean`` of several prompts: those with nothing cached that extend the same cached prompt (or none) run
@@ -217,32 +296,30 @@ class Prefiller:
         for p in dict.fromkeys(prompts):
             cached = self.cache.get(p) if self.cache is not None else None
             if cached is not None:
-                found[p] = cached if cached.depth >= depth else self._clean(p, depth)
+                found[p] = self._clean(p, depth)
             else:
                 groups.setdefault(self.cache.longest_prefix(p) if self.cache is not None else None, []).append(p)
         for base, members in groups.items():
             clean = self._clean(base, depth) if base is not None else None
             start = 0 if base is None else len(base)
-            for batch in padded_batches([len(p) - start for p in members]):
+            for batch in self._batches([len(p) - start for p in members], start):
                 chosen = [members[i] for i in batch]
-                found.update(zip(chosen, self._clean_batch(chosen, clean, start, depth)))
+                found.update(zip(chosen, self._clean_batch(chosen, clean, depth)))
         return [found[p] for p in prompts]
 
-    def _clean_batch(self, prompts: Sequence[Path], base: CleanPrefix | None, start: int,
-                     depth: int) -> list[CleanPrefix]:
-        """Clean prefixes of ``prompts`` that all extend ``base`` (their first ``start`` tokens; None: start 0),
-        their own tokens right-padded into one batch; each is cached."""
-        prefixes = [CleanPrefix([self._embed(p)], []) for p in prompts]
+    def _clean_batch(self, prompts: Sequence[Path], base: CleanPrefix | None, depth: int) -> list[CleanPrefix]:
+        """Clean prefixes of ``prompts`` that all extend ``base`` (None: from their first token), their own tokens
+        right-padded into one batch; each is cached."""
+        start = 0 if base is None else len(base.tokens)
+        prefixes = [CleanPrefix(p, [self._embed(p)[:, start:].clone()], [], base) for p in prompts]
         lengths = [len(p) - start for p in prompts]
-        resid = torch.nn.utils.rnn.pad_sequence([c.resid[0][0, start:] for c in prefixes], batch_first=True)
+        resid = torch.nn.utils.rnn.pad_sequence([c.resid[0][0] for c in prefixes], batch_first=True)
         for layer in range(depth):
-            resid, entry = self._block(layer, resid, past=None if base is None else base.kv[layer])
+            resid, entry = self._block(layer, resid, past=None if base is None else base.pieces(layer))
             for b, (prefix, n) in enumerate(zip(prefixes, lengths)):
                 keys, values = entry.row(b)
-                prefix.kv.append((keys[:, :start + n].clone(), values[:, :start + n].clone()))
-                own = resid[b:b + 1, :n]
-                prefix.resid.append(own.clone() if base is None else
-                                    torch.cat([base.resid[layer + 1].to(own.device), own], dim=1))
+                prefix.kv.append((keys[:, start:start + n].clone(), values[:, start:start + n].clone()))
+                prefix.resid.append(resid[b:b + 1, :n].clone())
         if self.cache is not None:
             for p, prefix in zip(prompts, prefixes):
                 self.cache.put(p, prefix)
@@ -263,7 +340,7 @@ class Prefiller:
             return
         clean = self._clean(shortest[:common], min(self.hooked_from, self.n_layers))
         if self.positionwise_hooks and self.hooked_from < self.n_layers and common < len(shortest):
-            resid, kv = clean.resid[self.hooked_from], []
+            resid, kv = clean.residual(self.hooked_from), []
             for layer in range(self.hooked_from, self.n_layers):
                 resid, entry = self._block(layer, resid)
                 kv.append(entry.row(0))
@@ -309,10 +386,11 @@ class Prefiller:
             cleans = self._clean_many(prompts, self.n_layers)
             hidden = torch.stack([c.resid[self.n_layers][0, -1].to(self.model.unembed.W_U.device) for c in cleans])
             logits = self.logits(hidden)
-            return [Prefilled(list(c.kv), hidden[b], logits[b]) for b, c in enumerate(cleans)]
+            return [Prefilled([c.pieces(d) for d in range(self.n_layers)], hidden[b], logits[b])
+                    for b, c in enumerate(cleans)]
         c = len(self.hooked_prefix[0])
         out: dict[int, Prefilled] = {}
-        for batch in padded_batches([len(p) - c for p in prompts]):
+        for batch in self._batches([len(p) - c for p in prompts], c):
             out.update(zip(batch, self._full_paths_batch([prompts[i] for i in batch])))
         return [out[i] for i in range(len(prompts))]
 
@@ -320,15 +398,16 @@ class Prefiller:
         tokens, hooked_kv = self.hooked_prefix
         c, h = len(tokens), self.hooked_from
         cleans = self._clean_many(prompts, h)
-        own = [clean.resid[h][0, c:] for clean in cleans]  # [n_i, d_model] each
+        own = [clean.residual(h, since=c)[0] for clean in cleans]  # [n_i, d_model] each
         lengths = [len(o) for o in own]
         resid = torch.nn.utils.rnn.pad_sequence(own, batch_first=True)  # [batch, max n_i, d_model]
-        kvs = [list(clean.kv[:h]) for clean in cleans]
+        kvs = [[clean.pieces(d) for d in range(h)] for clean in cleans]
         for layer in range(h, self.n_layers):
-            resid, entry = self._block(layer, resid, past=hooked_kv[layer - h])
+            shared = hooked_kv[layer - h]
+            resid, entry = self._block(layer, resid, past=(shared,))
             for b, n in enumerate(lengths):
                 keys, values = entry.row(b)
-                kvs[b].append((keys[:, :c + n], values[:, :c + n]))
+                kvs[b].append((shared, (keys[:, c:c + n].clone(), values[:, c:c + n].clone())))
         rows = torch.arange(len(prompts), device=resid.device)
         hidden = resid[rows, torch.tensor(lengths, device=resid.device) - 1]
         logits = self.logits(hidden)
@@ -344,11 +423,11 @@ class Prefiller:
         embedded = self._embed(prompt) if clean is None else None  # the embedding itself is hooked
         todo = sorted({r[:i] for r in routes for i in range(start[r] + 1, len(r) + 1)}, key=len)
         resid: dict[Path, Tensor] = {}
-        kv: dict[Path, tuple[Tensor, Tensor]] = {}
+        kv: dict[Path, KV] = {}
         last: dict[Path, Tensor] = {}
         for r in routes:
             if start[r] == len(r):
-                last[r] = clean.resid[len(r)][0, -1]
+                last[r] = clean.resid[len(r)][0, -1]  # a prompt's own positions include its last
         for depth in sorted({len(p) for p in todo}):
             level = [p for p in todo if len(p) == depth]
             for layer in sorted({p[-1] for p in level}):
@@ -365,7 +444,7 @@ class Prefiller:
         logits = self.logits(torch.stack([last[r].to(self.model.unembed.W_U.device) for r in routes]))
         out = {}
         for j, r in enumerate(routes):
-            entries = [clean.kv[i] if i < start[r] else kv[r[:i + 1]] for i in range(len(r))]
+            entries = [clean.pieces(i) if i < start[r] else (kv[r[:i + 1]],) for i in range(len(r))]
             out[r] = Prefilled(entries, last[r], logits[j])
         return out
 
@@ -376,7 +455,8 @@ class Prefiller:
             return resid[parent]
         if clean is None:
             return embedded  # depth 0 under a hooked embedding
-        return clean.resid[len(parent)]  # the parent is the clean full path's start
+        resid[parent] = clean.residual(len(parent))  # the clean full path's start, assembled once per depth
+        return resid[parent]
 
     def _alone(self, prompt: Path, route: Path) -> Prefilled:
         """The reference: every position of the route computed for this route alone, from the embedding."""
@@ -384,6 +464,6 @@ class Prefiller:
         kv = []
         for layer in route:
             resid, entry = self._block(layer, resid)
-            kv.append(entry.row(0))
+            kv.append((entry.row(0),))
         hidden = resid[0, -1]
         return Prefilled(kv, hidden, self.logits(hidden[None])[0])
