@@ -114,25 +114,32 @@ class DecodeCache(TransformerLensKeyValueCache):
         columns = torch.arange(width, device=device)
         self.previous_attention_mask = (columns[None, :] >= width - lengths.to(device)[:, None]).long()
 
-    def write_row(self, slot: int, sources: Sequence[tuple[Tensor, Tensor] | None], n: int) -> None:
-        """Copy ``n`` positions of keys/values ``[kv_head, n, d_head]`` per schedule slot (None: the row does not
-        run that slot; its columns are zeroed) into the last ``n`` columns of batch row ``slot``."""
+    def write_row(self, slot: int, sources: Sequence[Sequence[tuple[Tensor, Tensor]] | None], n: int) -> None:
+        """Copy keys/values of ``n`` positions per schedule slot, given as consecutive pieces ``[kv_head, m, d_head]``
+        (a prompt's shared positions, then its own: each piece is copied once, nothing is concatenated first), into
+        the last ``n`` columns of batch row ``slot``; None: the row does not run that slot, its columns are zeroed."""
         w = self.width
-        for entry, source in zip(self.entries, sources):
-            entry.keys[slot, :, : w] = 0
-            entry.values[slot, :, : w] = 0
-            if source is not None:
-                entry.keys[slot, :, w - n : w] = source[0]
-                entry.values[slot, :, w - n : w] = source[1]
+        for entry, pieces in zip(self.entries, sources):
+            end = w if pieces is None else w - n
+            entry.keys[slot, :, :end] = 0
+            entry.values[slot, :, :end] = 0
+            for keys, values in pieces or ():
+                entry.keys[slot, :, end:end + keys.shape[1]] = keys
+                entry.values[slot, :, end:end + keys.shape[1]] = values
+                end += keys.shape[1]
+            if end != w:
+                raise RuntimeError(f"keys and values of {end - (w - n)} positions for a row of {n}")
         device = self.previous_attention_mask.device
         self.previous_attention_mask[slot] = (torch.arange(w, device=device) >= w - n).long()
 
     def gather(self, rows: list[int], lengths: Int[Tensor, " batch"], width: int, capacity: int) -> DecodeCache:
         """A new cache of batch rows ``rows``, right-aligned to ``width`` columns (each row's ``lengths`` tokens
-        must fit), with room for ``capacity`` columns."""
+        must fit), with room for ``capacity`` columns. This cache is emptied as it goes, each schedule slot's
+        buffers let go once copied, so the rows' keys and values are never held twice over (16 rows of 1,300-token
+        prompts through 30 blocks would otherwise hold 1 GB more while they are copied)."""
         out = DecodeCache(entries=[], previous_attention_mask=self.previous_attention_mask[:0])
         keep = min(width, self.width)
-        for src in self.entries:
+        for j, src in enumerate(self.entries):
             dst = Entry(src.keys.new_empty((len(rows), *src.keys.shape[1:2], capacity, src.keys.shape[3])),
                         src.values.new_empty((len(rows), *src.values.shape[1:2], capacity, src.values.shape[3])), 0)
             index = torch.tensor(rows, dtype=torch.long, device=src.keys.device)
@@ -140,6 +147,7 @@ class DecodeCache(TransformerLensKeyValueCache):
                 new[:, :, : width - keep] = 0  # masked padding: read (as zeros) by attention, so defined
                 new[:, :, width - keep : width] = old[index, :, src.length - keep : src.length]
             out.entries.append(dst)
+            self.entries[j] = None  # with ``src`` rebound next, this slot's old buffers are freed
         out.set_width(width, lengths)
         return out
 
