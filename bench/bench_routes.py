@@ -45,9 +45,9 @@ def counted(fn) -> tuple[int, object]:
     """Block-position evaluations of the prefills that ``fn()`` runs, and its result."""
     count, inner = [0], Prefiller._block
 
-    def block(self, layer, resid):
+    def block(self, layer, resid, past=None):
         count[0] += resid.shape[0] * resid.shape[1]
-        return inner(self, layer, resid)
+        return inner(self, layer, resid, past)
 
     Prefiller._block = block
     try:
