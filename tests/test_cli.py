@@ -281,3 +281,10 @@ def test_every_argument_has_help_and_the_output_flags(name, monkeypatch):
     missing = [action.option_strings or action.dest for action in parser._actions
                if not (action.help and action.help.strip()) or action.help == argparse.SUPPRESS]
     assert not missing, f"{name}: arguments without help: {missing}"
+
+
+def test_dtype_auto_is_float32_for_the_transformer_lens_engine_on_the_cpu_and_bfloat16_elsewhere():
+    assert cli.resolve_dtype("auto", "cpu") == torch.float32
+    assert cli.resolve_dtype("auto", "cpu", "vllm") == torch.bfloat16
+    assert cli.resolve_dtype("auto", "cuda:0") == cli.resolve_dtype("auto", "cuda", "vllm") == torch.bfloat16
+    assert cli.resolve_dtype("float32", "cpu", "vllm") == torch.float32

@@ -151,7 +151,7 @@ def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(ti
     with pytest.raises(cli.UserError, match="--n-devices 2 splits a model over GPUs; --device is 'cpu'"):
         script.main([*argv, "--engine", "vllm", "--device", "cpu", "--n-devices", "2"])
     assert script.main([*argv, "--engine", "vllm", "--model", "/ckpt", "--device", "cpu"]) == 0
-    assert made == [("/ckpt", "float32", 1, "cpu")]
+    assert made == [("/ckpt", "bfloat16", 1, "cpu")]  # --dtype auto: vLLM runs bfloat16 on the CPU too
     run = one(cells(Path(common[5])))
     assert run.name.endswith("-vllm")
     protocol = json.loads((run / "T0.8" / "protocol.json").read_text())["protocol"]

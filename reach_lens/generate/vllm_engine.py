@@ -101,7 +101,7 @@ class VLLMEngine(Engine):
     def __init__(self, model: str | Path, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0,
                  kv_cache_bytes: int | None = None, enforce_eager: bool = False, device: str | None = None):
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs at INFO per load and call otherwise
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs every load at INFO and WARNING
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
