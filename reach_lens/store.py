@@ -8,12 +8,21 @@ A killed run loses at most the batch being written; earlier parts are never touc
 the parts in order and keeps the first row per key, so a batch written twice (a crash after the write,
 before the caller noticed) yields no duplicates. A part that cannot be read is renamed
 ``part-NNNNNN.parquet.corrupt`` (never deleted) with a warning; its keys leave ``done``, so a resumed run
-recomputes its rows. One writer per directory. Nothing is read back from directory names: what a run is
-lives in protocol.json.
+recomputes its rows. Nothing is read back from directory names: what a run is lives in protocol.json.
+
+One writer per directory, enforced: a writing ``RunStore`` holds an exclusive lock on ``root/.writer.lock``
+(``fcntl.flock``, so the kernel releases it when the holder exits or is killed, and a killed run's lock is taken
+over by the next one) and writes its process id there; a second process is refused at once with
+``RunDirectoryBusy`` naming the directory and that process id. ``RunStore.reader`` opens a run without the lock,
+to read it while its writer runs. Part names cannot collide: a part is published with ``os.link``, which never
+replaces an existing file.
 """
+import fcntl
 import json
 import os
 import re
+import socket
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +53,34 @@ class LegacyRunDirectory(UserError, ValueError):
 
 class UnreadableRunDirectory(UserError, ValueError):
     """The run directory's protocol.json cannot be read, was edited, or has another schema."""
+
+
+class RunDirectoryBusy(UserError, RuntimeError):
+    """Another process is writing to the run directory."""
+
+
+LOCK = ".writer.lock"
+_HELD: dict[tuple[int, str], int] = {}  # (process id, resolved root) -> the locked descriptor, held until exit
+
+
+def _lock_writer(root: Path) -> None:
+    """Take ``root``'s writer lock for this process (again a no-op), or raise ``RunDirectoryBusy`` naming the holder."""
+    key = (os.getpid(), str(root.resolve()))
+    if key in _HELD:
+        return
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that has not yet written its id"
+        os.close(fd)
+        raise RunDirectoryBusy(f"{root} is being written by another process ({holder}); one writer per run directory: "
+                               "wait for it to finish, stop it (a rerun resumes its work), or pick another --out") \
+            from None
+    info = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
+    _HELD[key] = fd
 
 
 _ABSENT = object()
@@ -97,16 +134,25 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 class RunStore:
-    """A run directory bound to one ``Protocol``: ``append`` rows to a table, ``read`` them back, ``done`` keys."""
+    """A run directory bound to one ``Protocol``: ``append`` rows to a table, ``read`` them back, ``done`` keys.
 
-    def __init__(self, root: Path | str, protocol: Protocol):
+    ``RunStore(root, protocol)`` is the directory's one writer (see the module docstring);
+    ``RunStore.reader(root, protocol)`` reads beside it and refuses to append."""
+
+    def __init__(self, root: Path | str, protocol: Protocol, *, write: bool = True):
         if not isinstance(protocol, Protocol):
             raise TypeError(f"RunStore takes a reach_lens.protocol.Protocol, got {type(protocol).__name__}: build one "
                             "with Protocol.of(study=..., model=..., task=..., questions=..., ...) or Protocol(...)")
         self.root = Path(root)
         self.protocol = protocol
         self.fingerprint = protocol.fingerprint()
+        self.write = write
         path = self.root / "protocol.json"
+        if write:
+            self.root.mkdir(parents=True, exist_ok=True)
+            _lock_writer(self.root)
+        elif not path.exists():
+            raise UnreadableRunDirectory(f"{self.root} holds no run (no protocol.json) to read")
         if path.exists():
             stored = self._stored(path)
             lines = mismatch_lines(stored, protocol)
@@ -116,12 +162,18 @@ class RunStore:
                                        f"({len(lines)} field(s) differ):\n{text}\n"
                                        "Pick another directory for this protocol.")
             # a different commit alone is fine: protocol.json keeps the one that started the run
+            if write:
+                self._save_vectors(protocol.vectors)
         else:
-            self.root.mkdir(parents=True, exist_ok=True)
             text = json.dumps({"schema": SCHEMA, "fingerprint": self.fingerprint, "protocol": protocol.to_dict()},
                               sort_keys=True, indent=2, ensure_ascii=False)
             _write_atomic(path, lambda p: p.write_text(text + "\n"))
-        self._save_vectors(protocol.vectors)
+            self._save_vectors(protocol.vectors)
+
+    @classmethod
+    def reader(cls, root: Path | str, protocol: Protocol) -> "RunStore":
+        """The run at ``root`` opened to read only: no lock, no writes (not even setting unreadable parts aside)."""
+        return cls(root, protocol, write=False)
 
     @property
     def vectors_dir(self) -> Path:
@@ -180,6 +232,9 @@ class RunStore:
             try:
                 out.append(pq.read_table(path))
             except pa.ArrowException as e:
+                if not self.write:
+                    warnings.warn(f"{path} cannot be read ({type(e).__name__}: {e}); skipped", stacklevel=3)
+                    continue
                 aside = path.with_name(path.name + ".corrupt")
                 i = 0
                 while aside.exists():
@@ -192,6 +247,8 @@ class RunStore:
 
     def append(self, table: str, rows: Sequence[Mapping[str, object]] | pd.DataFrame) -> Path | None:
         """Write `rows` as one new part of `table`; returns its path (None for no rows). Every row needs the same keys."""
+        if not self.write:
+            raise PermissionError(f"{self.root} was opened with RunStore.reader: it reads only")
         if isinstance(rows, pd.DataFrame):
             if len(rows) == 0:
                 return None
@@ -206,10 +263,21 @@ class RunStore:
             data = pa.table({k: pa.array([r[k] for r in rows]) for k in keys})
         d = self._dir(table)
         d.mkdir(parents=True, exist_ok=True)
-        taken = [int(m.group(1)) for p in d.iterdir() if (m := _NUMBERED.match(p.name))]
-        path = d / f"part-{max(taken) + 1 if taken else 0:06d}.parquet"
-        _write_atomic(path, lambda p: pq.write_table(data, p))
-        return path
+        tmp = d / f".part.{os.getpid()}.tmp"
+        pq.write_table(data, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            while True:  # the next free number; os.link fails rather than replace a part another writer published
+                taken = [int(m.group(1)) for p in d.iterdir() if (m := _NUMBERED.match(p.name))]
+                path = d / f"part-{max(taken) + 1 if taken else 0:06d}.parquet"
+                try:
+                    os.link(tmp, path)
+                    return path
+                except FileExistsError:
+                    continue
+        finally:
+            tmp.unlink()
 
     def read(self, table: str, key: str | None = "question_id") -> pd.DataFrame:
         """All readable parts in order, first row per `key` kept (no de-duplication if key is None); empty DataFrame if none."""

@@ -14,7 +14,7 @@ import pytest
 from reach_lens.hooks import Silence
 from reach_lens.protocol import Protocol, question_set_hash
 from reach_lens.records import make_record
-from reach_lens.store import LegacyRunDirectory, ProtocolMismatch, RunStore
+from reach_lens.store import LegacyRunDirectory, ProtocolMismatch, RunDirectoryBusy, RunStore, UnreadableRunDirectory
 from reach_lens.tasks import Question
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_killed_run_resumes_without_loss_duplicates_or_recomputation(tmp_path, w
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            if (root / "protocol.json").exists() and len(RunStore(root, PROTOCOL).done("records")) >= 3:
+            if (root / "protocol.json").exists() and len(RunStore.reader(root, PROTOCOL).done("records")) >= 3:
                 break
             time.sleep(0.02)
     finally:
@@ -275,3 +275,79 @@ def test_a_corrupted_part_is_set_aside_with_a_warning_and_recomputed(tmp_path):
     with pytest.warns(UserWarning, match=r"moved aside to part-000001.parquet.corrupt-1"):
         assert len(store.read("records")) == 6
     assert (tmp_path / "records" / "part-000001.parquet.corrupt").read_bytes() == garbage
+
+
+# Opens the run as a writer, waits for the go file (so two start together), then appends one question at a time.
+WRITER = '''
+import json, sys, time
+from pathlib import Path
+from reach_lens.errors import UserError
+from reach_lens.protocol import Protocol
+from reach_lens.store import RunStore
+
+root, go, protocol = Path(sys.argv[1]), Path(sys.argv[2]), Protocol.from_dict(json.loads(sys.argv[3]))
+while not go.exists():
+    time.sleep(0.005)
+try:
+    store = RunStore(root, protocol)
+except UserError as e:
+    print(f"REFUSED {e}", flush=True)
+    sys.exit(3)
+print("WRITING", flush=True)
+done = store.done("records")
+for i in range(protocol.n):
+    if f"q{i:03d}" not in done:
+        time.sleep(0.05)
+        store.append("records", [{"question_id": f"q{i:03d}", "value": i}])
+'''
+
+
+def _writer(tmp_path, root, go):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, str(script), str(root), str(go), json.dumps(PROTOCOL.to_dict())],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_writers_started_together_one_is_refused_naming_the_directory_and_holder(tmp_path):
+    root, go = tmp_path / "run", tmp_path / "go"
+    procs = [_writer(tmp_path, root, go) for _ in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 3], outs
+    writer = next(p for p in procs if p.returncode == 0)
+    refused = next(out for p, out in zip(procs, outs) if p.returncode == 3)[0]
+    assert refused.startswith("REFUSED ") and str(root) in refused and f"pid {writer.pid} " in refused
+    store = RunStore(root, PROTOCOL)
+    rows = store.read("records", key=None)
+    assert rows["question_id"].tolist() == [f"q{i:03d}" for i in range(PROTOCOL.n)]  # each once, in order
+    assert len(store._parts("records")) == PROTOCOL.n
+
+
+def test_a_killed_writers_lock_is_taken_over(tmp_path):
+    root, go = tmp_path / "run", tmp_path / "go"
+    go.touch()
+    proc = _writer(tmp_path, root, go)
+    assert proc.stdout.readline().strip() == "WRITING"
+    assert f"pid {proc.pid} " in (root / ".writer.lock").read_text()
+    with pytest.raises(RunDirectoryBusy, match=f"pid {proc.pid} "):  # refused while it lives, in this process too
+        RunStore(root, PROTOCOL)
+    reader = RunStore.reader(root, PROTOCOL)  # reading beside the writer needs no lock
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close(), proc.stderr.close()
+    assert (root / ".writer.lock").exists()  # the stale file stays; its lock went with the process
+    done = reader.done("records")
+    assert len(done) < PROTOCOL.n
+    with pytest.raises(PermissionError, match="reads only"):
+        reader.append("records", [{"question_id": "x", "value": 0}])
+    store = RunStore(root, PROTOCOL)  # takes the lock over
+    assert f"pid {os.getpid()} " in (root / ".writer.lock").read_text()
+    assert RunStore(root, PROTOCOL).done("records") == done  # a second store in the holding process is fine
+
+
+def test_a_reader_needs_a_run(tmp_path):
+    with pytest.raises(UnreadableRunDirectory, match="no protocol.json"):
+        RunStore.reader(tmp_path / "absent", PROTOCOL)
