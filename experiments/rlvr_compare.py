@@ -79,11 +79,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "main one (shared after native; fewshot, where the task has it, after shared; else native)")
     p.add_argument("--salt", default="rlvr", help="salt of the train/audit id-hash split")
     p.add_argument("--audit-share", type=cli.share, default=0.6, help="share of question ids on the audit side")
-    p.add_argument("--bins", type=float, nargs="+", default=list(audit.HIT_RATE_BINS),
-                   help="hit-rate bin edges from 0 to 1 (bins: exactly 0, then (lo, hi])")
+    p.add_argument("--bins", type=float, nargs="+", default=None,
+                   help="propensity bins as hit-rate edges from 0 to 1 (bins: exactly 0, then (lo, hi]; a bin no "
+                        "c/K reaches is merged into the next), e.g. the paper's 0 0.05 0.15 0.35 1; default: hit "
+                        "counts doubling from one hit of K (0, 1, 2-3, 4-7, ... of K)")
     args = p.parse_args(argv)
     try:
-        audit.hit_rate_bin_labels(args.bins)
+        if args.bins is not None:
+            audit.hit_rate_bins(args.K, args.bins)
     except ValueError as e:
         p.error(f"--bins: {e}")
     if args.checkpoints is not None and len({label for label, _ in args.checkpoints}) != len(args.checkpoints):

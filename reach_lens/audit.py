@@ -104,6 +104,19 @@ def curve_band(values: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[n
     return values.mean(axis=0), lo, hi
 
 
+def wilson_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Share of questions per point of 0/1 per-question curves ``values`` [n, k] and its pointwise Wilson 95%
+    interval (each point is a proportion of n questions): (mean [k], lo [k], hi [k])."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or len(values) == 0:
+        raise ValueError(f"values must be [n questions, k points] with n >= 1, got shape {values.shape}")
+    if not np.isin(values, (0.0, 1.0)).all():
+        raise ValueError("values must be 0/1 per question (a proportion); use curve_band for other per-question values")
+    n, hits = len(values), values.sum(axis=0).round().astype(int)
+    lo, hi = np.array([wilson_interval(int(c), n) for c in hits]).T
+    return values.mean(axis=0), lo, hi
+
+
 def census_cell(screened: pd.DataFrame, min_failures: int) -> dict:
     """One census cell from its screen (columns recognized, generated, gen_format_ok; one row per question).
 
@@ -134,7 +147,8 @@ def summarize(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
     """Aggregates of one record table, each X with X_lo, X_hi (95%).
 
     D (deployed), vote (vote@K), O (O_K) and deployed_format_failure_rate: Wilson intervals.
-    gap = O - D and selection_gap = O - vote: paired bootstrap over questions.
+    gap = O - D and selection_gap = O - vote: paired bootstrap over questions. gap is a net share: its questions
+    reached_not_said (O and not D, a count) minus said_not_reached (D and not O, a count), over n.
     format_failure_rate (share of all n*K candidates): question-level bootstrap, since candidates of one
     question are not independent draws.
     """
@@ -151,6 +165,7 @@ def summarize(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
     for name, x in (("D", d), ("vote", vote), ("O", o)):
         add(name, x.mean(), wilson_interval(int(x.sum()), n))
     add("gap", (o.astype(float) - d).mean(), bootstrap_ci(o.astype(float) - d, n_boot=n_boot, seed=seed))
+    out["reached_not_said"], out["said_not_reached"] = int((o & ~d).sum()), int((d & ~o).sum())
     add("selection_gap", (o.astype(float) - vote).mean(),
         bootstrap_ci(o.astype(float) - vote, n_boot=n_boot, seed=seed))
     ff = records["format_failures"].to_numpy(dtype=np.float64) / K
@@ -170,9 +185,11 @@ GAP_COLUMNS = (("deployed", "D"), ("vote", "vote"), ("oracle", "O"), ("gap", "ga
 
 def gap_table_row(summary: Mapping) -> dict:
     """The sampling-gap table's columns (the paper's Table 2) from a `summarize` row: n, K, deployed, vote, oracle,
-    gap (O - D), selection_gap (O - vote), each with _lo and _hi, and format_failure_rate."""
+    gap (O - D), selection_gap (O - vote), each with _lo and _hi, the counts behind the net gap (reached_not_said,
+    said_not_reached) and format_failure_rate."""
     return {"n": int(summary["n"]), "K": int(summary["K"]),
             **{f"{name}{s}": summary[f"{key}{s}"] for name, key in GAP_COLUMNS for s in ("", "_lo", "_hi")},
+            "reached_not_said": summary["reached_not_said"], "said_not_reached": summary["said_not_reached"],
             "format_failure_rate": summary["format_failure_rate"]}
 
 
@@ -271,13 +288,49 @@ def fate_counts(fates_df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-HIT_RATE_BINS = (0.0, 0.05, 0.15, 0.35, 1.0)  # bins 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%]
+# the paper's Figure 7 bins, as hit-rate edges: 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%] (see hit_rate_bins)
+PAPER_HIT_RATE_EDGES = (0.0, 0.05, 0.15, 0.35, 1.0)
 
 
-def hit_rate_bin_labels(bins: Sequence[float] = HIT_RATE_BINS) -> list[str]:
-    """``["0", "(0, 5%]", ...]``: the names of the bins ``realization_by_hit_rate_bin`` uses for ``bins``."""
-    edges = _hit_rate_edges(bins)
-    return ["0"] + [f"({lo:.0%}, {hi:.0%}]" for lo, hi in zip(edges, edges[1:])]
+def hit_rate_bins(K: int, edges: Sequence[float] | None = None) -> list[tuple[int, int]]:
+    """The propensity bins of hit rates hits/K over K samples, as inclusive ranges of hit counts [(lo, hi), ...].
+
+    Bins follow K: every bin holds at least one achievable hit rate c/K and every c in 0..K is in exactly one bin.
+    The first bin is (0, 0) (no hit: base-unreachable); the others tile 1..K in order, the lowest starting at one
+    hit in K.
+
+    ``edges=None`` (the default): doubling counts. Bins start at 1 and at each power of two below K (1, 2, 4, 8,
+    ...); each runs to the next start - 1, the last one to K. In hit rates: [1/K, 2/K), [2/K, 4/K), ...,
+    [2^j/K, 1] with 2^j the largest power of two below K (K = 1 and K = 2 have the one non-zero bin 1..K):
+        K = 4:   0 | 1 | 2-4
+        K = 16:  0 | 1 | 2-3 | 4-7 | 8-16
+        K = 32:  0 | 1 | 2-3 | 4-7 | 8-15 | 16-32
+        K = 200: 0 | 1 | 2-3 | 4-7 | 8-15 | 16-31 | 32-63 | 64-127 | 128-200
+    At 2K the rate edges 2^i/(2K) include every edge at K, plus one finer bin at the bottom (1 of 2K).
+
+    ``edges``: hit-rate edges 0 = e_0 < e_1 < ... < e_m = 1 instead (e.g. `PAPER_HIT_RATE_EDGES`): a bin holds the
+    c with e_(i-1) < c/K <= e_i, and a bin no c/K falls in is merged into the next one (at K = 16 the paper's
+    (0, 5%] holds no c/16, so 1 of 16 = 6.25% opens (0, 15%]: counts 1-2).
+
+    Returns [(0, 0), (lo_1, hi_1), ..., (lo_b, K)]: 1 + b int pairs, lo_1 = 1, lo_i <= hi_i, lo_(i+1) = hi_i + 1.
+    """
+    K = int(K)
+    if K < 1:
+        raise ValueError(f"K={K}: a hit rate needs K >= 1 samples")
+    if edges is None:
+        starts = [1] + [2 ** i for i in range(1, K.bit_length()) if 2 ** i < K]
+    else:
+        e = _hit_rate_edges(edges)
+        counts = np.arange(1, K + 1)
+        rate = counts / K  # the float c/K compared with the float edges: 3/20 <= 0.15 holds
+        firsts = [counts[(rate > lo) & (rate <= hi)] for lo, hi in zip(e, e[1:])]
+        starts = [int(c[0]) for c in firsts if len(c)]  # an empty bin has no start: the next bin takes its rates
+    return [(0, 0)] + [(lo, hi - 1) for lo, hi in zip(starts, starts[1:])] + [(starts[-1], K)]
+
+
+def hit_rate_bin_labels(K: int, edges: Sequence[float] | None = None) -> list[str]:
+    """``["0 of 16", "1 of 16", "2-3 of 16", ...]``: the names of the `hit_rate_bins` (K, edges), in hits of K."""
+    return [f"{lo} of {K}" if lo == hi else f"{lo}-{hi} of {K}" for lo, hi in hit_rate_bins(K, edges)]
 
 
 def _hit_rate_edges(bins: Sequence[float]) -> list[float]:
@@ -324,34 +377,42 @@ def gains_under_independence(fates_df: pd.DataFrame, n_perm: int = 10000, seed: 
 
 
 def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
-                                bins: Sequence[float] = HIT_RATE_BINS, n_perm: int = 10000,
+                                bins: Sequence[float] | None = None, n_perm: int = 10000,
                                 seed: int = 0) -> pd.DataFrame:
     """Propensity (the paper's Figure 7): among questions the base does NOT realize, the share the trained
-    checkpoint realizes, by the base hit rate hits/K, with Wilson 95% intervals.
+    checkpoint realizes, by the base hit count (hits of the base's K samples), with Wilson 95% intervals.
 
-    Bins: exactly 0 (base-unreachable: the reference bin), then (lo, hi] between consecutive ``bins`` edges
-    (default 0, (0, 5%], (5%, 15%], (15%, 35%], (35%, 100%]); every bin but the first holds base-reachable,
-    base-unrealized questions. Questions the base already realizes are in no bin. An empty bin is a row with
-    n = 0 and realization NaN (never dropped). Columns: bin, bin_lo, bin_hi, base_reachable, n, realized,
-    realization, realization_lo, realization_hi, and the chance baseline: expected_realized (the bin's count
-    if realization were independent of the base hit rate) with its 95% permutation interval (expected_lo,
-    expected_hi; ``independence_baseline``).
+    Bins: `hit_rate_bins` (K, bins) for the base's K (one K for all records): 0 hits (base-unreachable: the
+    reference bin), then hit counts doubling from 1 (K = 16: 1, 2-3, 4-7, 8-16), or, with ``bins`` hit-rate
+    edges, (lo, hi] between them with bins no c/K reaches merged into the next. Every bin but the first holds
+    base-reachable, base-unrealized questions. Questions the base already realizes are in no bin. An empty bin is
+    a row with n = 0 and realization NaN (never dropped).
+
+    Returns one row per bin; columns: K (the samples the hit rate and the bins are over), bin (its label, e.g.
+    "2-3 of 16"), hits_lo, hits_hi (the bin's hit counts, inclusive), bin_lo, bin_hi (the same as hit rates:
+    hits_lo/K, hits_hi/K, inclusive), base_reachable, n, realized, realization, realization_lo,
+    realization_hi, and the chance baseline: expected_realized (the bin's count if realization were
+    independent of the base hit rate) with its 95% permutation interval (expected_lo, expected_hi;
+    ``independence_baseline``).
     """
-    edges = _hit_rate_edges(bins)
+    _require(base, _FATE_COLUMNS, "base")
+    K = _single_K(base)
+    ranges = hit_rate_bins(K, bins)
     j = fates(base, trained)
     j = j[~j["d_base"].astype(bool)]
-    rate = j["hits_base"].to_numpy(dtype=np.float64) / j["K_base"].to_numpy(dtype=np.float64)
+    hits = j["hits_base"].to_numpy(dtype=np.int64)
+    if len(hits) and not (0 <= hits.min() and hits.max() <= K):
+        raise ValueError(f"base hit counts {sorted(set(hits.tolist()))[:10]} out of range 0..{K}")
     realized = j["d_trained"].astype(bool).to_numpy()
-    masks = [rate == 0] + [(rate > lo) & (rate <= hi) for lo, hi in zip(edges, edges[1:])]
-    groups = np.argmax(np.stack(masks), axis=0) if len(rate) else np.zeros(0, dtype=np.int64)
-    expected, expected_lo, expected_hi = independence_baseline(realized, groups, len(masks), n_perm, seed)
+    groups = np.searchsorted([lo for lo, _ in ranges], hits, side="right") - 1  # [n]: each question's bin
+    expected, expected_lo, expected_hi = independence_baseline(realized, groups, len(ranges), n_perm, seed)
     rows = []
-    for b, (label, lo, hi, mask) in enumerate(zip(hit_rate_bin_labels(edges), [0.0, *edges[:-1]],
-                                                  [0.0, *edges[1:]], masks)):
+    for b, (label, (lo, hi)) in enumerate(zip(hit_rate_bin_labels(K, bins), ranges)):
+        mask = groups == b
         n, k = int(mask.sum()), int(realized[mask].sum())
         ci = wilson_interval(k, n)
-        rows.append({"bin": label, "bin_lo": lo, "bin_hi": hi, "base_reachable": label != "0", "n": n,
-                     "realized": k, "realization": k / n if n else math.nan,
+        rows.append({"K": K, "bin": label, "hits_lo": lo, "hits_hi": hi, "bin_lo": lo / K, "bin_hi": hi / K,
+                     "base_reachable": hi > 0, "n": n, "realized": k, "realization": k / n if n else math.nan,
                      "realization_lo": ci[0], "realization_hi": ci[1], "expected_realized": float(expected[b]),
                      "expected_lo": float(expected_lo[b]), "expected_hi": float(expected_hi[b])})
     return pd.DataFrame(rows)

@@ -103,6 +103,9 @@ def test_summarize_values_and_intervals():
     # votes: b (4 g) right, d (2-2 tie, equal log-probs -> first = "g") right, e (3 g) right
     assert s["vote"] == pytest.approx(3 / 6)
     assert s["gap"] == pytest.approx(2 / 6) and s["selection_gap"] == pytest.approx(1 / 6)
+    assert (s["reached_not_said"], s["said_not_reached"]) == (2, 0)  # c and e; the net gap is their difference / n
+    mixed = summarize(_table([("a", 1, 0), ("b", 0, 2), ("c", 0, 1), ("d", 1, 1)], K=4), n_boot=10)
+    assert (mixed["reached_not_said"], mixed["said_not_reached"], mixed["gap"]) == (2, 1, pytest.approx(1 / 4))
     assert (s["D_lo"], s["D_hi"]) == pytest.approx(wilson_interval(2, 6))
     for m in ("D", "vote", "O", "gap", "selection_gap", "format_failure_rate"):
         assert s[f"{m}_lo"] <= s[m] <= s[f"{m}_hi"], m
@@ -161,8 +164,10 @@ def test_realization_by_hit_rate_bin():
     trained = _table([("u1", 1, 1), ("u2", 0, 0), ("u3", 0, 0), ("m1", 1, 4), ("m2", 0, 1), ("h1", 1, 4),
                       ("h2", 1, 4)])
     t = realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 1.0])
-    # base-realized m2, h1 are in no bin; 0: u*, (0, 50%]: m1 (0.25), (50%, 100%]: h2 (1.0)
-    assert t["bin"].tolist() == ["0", "(0%, 50%]", "(50%, 100%]"]
+    # base-realized m2, h1 are in no bin; 0: u*, (0, 50%] = 1-2 hits of 4: m1 (1 hit), (50%, 100%] = 3-4: h2 (4)
+    assert t["bin"].tolist() == ["0 of 4", "1-2 of 4", "3-4 of 4"]
+    assert t["hits_lo"].tolist() == [0, 1, 3] and t["hits_hi"].tolist() == [0, 2, 4] and (t["K"] == 4).all()
+    assert t["bin_lo"].tolist() == [0, 0.25, 0.75] and t["bin_hi"].tolist() == [0, 0.5, 1.0]
     assert t["n"].tolist() == [3, 1, 1] and t["realized"].tolist() == [1, 1, 1]
     assert t["base_reachable"].tolist() == [False, True, True]
     assert t["realization"].iloc[0] == pytest.approx(1 / 3)
@@ -174,6 +179,11 @@ def test_realization_by_hit_rate_bin():
         realization_by_hit_rate_bin(base, trained, bins=[0, 0.5, 0.5, 1])
     with pytest.raises(ValueError, match="from 0 to 1"):
         realization_by_hit_rate_bin(base, trained, bins=[0.1, 1])
+    # default bins follow K = 4: 0 | 1 | 2-4 hits
+    d = realization_by_hit_rate_bin(base, trained)
+    assert d["bin"].tolist() == ["0 of 4", "1 of 4", "2-4 of 4"] and d["n"].tolist() == [3, 1, 1]
+    with pytest.raises(ValueError, match="mix candidate budgets"):
+        realization_by_hit_rate_bin(pd.concat([base, _table([("k8", 0, 1)], K=8)]), trained)
 
 
 # ---- MLP-study arithmetic

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from reach_lens import audit
 from reach_lens.protocol import Protocol
@@ -82,27 +83,82 @@ def test_delta_n_reachable_and_table5():
     assert t5.floor == pytest.approx(1 - 0.75 ** 4)
 
 
-def test_propensity_bins_edges_and_empty_bin():
-    K = 20
-    base = table([("zero", 0, 0), ("e05", 0, 1), ("e15", 0, 3), ("e35", 0, 7), ("above", 0, 8), ("top", 0, 20),
-                  ("realized", 1, 10)], K=K)
-    trained = table([("zero", 1, 5), ("e05", 0, 1), ("e15", 1, 3), ("e35", 1, 7), ("above", 0, 8), ("top", 1, 20),
-                     ("realized", 0, 0)], K=K)
-    t = audit.realization_by_hit_rate_bin(base, trained)  # default bins 0, (0,5%], (5,15%], (15,35%], >35%
-    assert t["bin"].tolist() == ["0", "(0%, 5%]", "(5%, 15%]", "(15%, 35%]", "(35%, 100%]"]
-    # an edge belongs to the bin it closes: 1/20 = 5% in (0, 5%], 3/20 = 15% in (5, 15%], 7/20 = 35% in (15, 35%]
-    assert t["n"].tolist() == [1, 1, 1, 1, 2]  # the base-realized question is in no bin
-    assert t["realized"].tolist() == [1, 0, 1, 1, 1]
-    assert t["base_reachable"].tolist() == [False, True, True, True, True]
-    assert t["realization"].iloc[4] == pytest.approx(0.5)
-    assert (t["realization_lo"].iloc[4], t["realization_hi"].iloc[4]) == pytest.approx(audit.wilson_interval(1, 2))
-    # an empty bin is a row with n = 0 (realization NaN), never dropped
-    t2 = audit.realization_by_hit_rate_bin(base[base.question_id != "e05"], trained[trained.question_id != "e05"])
-    empty = t2.set_index("bin").loc["(0%, 5%]"]
-    assert empty["n"] == 0 and empty["realized"] == 0 and math.isnan(empty["realization"])
-    assert math.isnan(empty["realization_lo"]) and math.isnan(empty["realization_hi"])
+@pytest.mark.parametrize("K", [4, 16, 32, 200])
+@pytest.mark.parametrize("edges", [None, audit.PAPER_HIT_RATE_EDGES], ids=["doubling", "paper_edges"])
+def test_propensity_bins_follow_K(K, edges):
+    ranges = audit.hit_rate_bins(K, edges)
+    assert ranges[0] == (0, 0)  # the base-unreachable bin stays
+    member = np.array([[lo <= c <= hi for lo, hi in ranges] for c in range(K + 1)])  # [K + 1 counts, bins]
+    assert (member.sum(axis=1) == 1).all(), ranges  # every c in 0..K in exactly one bin
+    assert member[1:, 1:].any(axis=0).all(), ranges  # every non-zero bin holds some achievable c/K, c >= 1
+    assert ranges[1][0] == 1 and member[1, 1]  # the lowest non-zero bin starts at (and holds) one hit in K
+    # the table: one base-unrealized question per hit count c lands every c in its bin, no bin empty
+    base = table([(f"c{c}", 0, c) for c in range(K + 1)], K=K)
+    t = audit.realization_by_hit_rate_bin(base, base, edges, n_perm=50)
+    assert t["n"].tolist() == member.sum(axis=0).tolist() and (t["n"] >= 1).all()
+    assert (t["K"] == K).all() and t["bin"].tolist() == audit.hit_rate_bin_labels(K, edges)
+    assert list(zip(t["hits_lo"], t["hits_hi"])) == ranges
+    assert t["bin_lo"].tolist() == pytest.approx([lo / K for lo, _ in ranges])
+    assert t["bin_hi"].tolist() == pytest.approx([hi / K for _, hi in ranges])
+    assert t["base_reachable"].tolist() == [False] + [True] * (len(ranges) - 1)
+
+
+def test_propensity_bins_written_out():
+    assert audit.hit_rate_bin_labels(16) == ["0 of 16", "1 of 16", "2-3 of 16", "4-7 of 16", "8-16 of 16"]
+    assert audit.hit_rate_bins(32) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 32)]
+    assert audit.hit_rate_bins(200)[-2:] == [(64, 127), (128, 200)]
+    assert audit.hit_rate_bins(1) == [(0, 0), (1, 1)] and audit.hit_rate_bins(2) == [(0, 0), (1, 2)]
+    # the paper's fixed edges at K = 16: (0, 5%] holds no c/16, so 1/16 = 6.25% opens the next bin (0, 15%]
+    assert not [c for c in range(1, 17) if c / 16 <= 0.05]
+    assert audit.hit_rate_bins(16, audit.PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 2), (3, 5), (6, 16)]
+    # at K = 20 every paper bin is reachable and an edge belongs to the bin it closes (1/20 = 5%, 3/20 = 15%)
+    assert audit.hit_rate_bins(20, audit.PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 20)]
+    with pytest.raises(ValueError, match="K >= 1"):
+        audit.hit_rate_bins(0)
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        audit.hit_rate_bins(16, [0.1, 1])
+
+
+def test_propensity_shares_by_hand():
+    K = 16
+    # (qid, base d, base hits) -> trained d; realized base questions are in no bin
+    rows = [("z1", 0, 0, 1), ("z2", 0, 0, 0), ("z3", 0, 0, 0), ("z4", 0, 0, 0),   # 0 of 16: 1 of 4
+            ("a1", 0, 1, 1), ("a2", 0, 1, 1),                                     # 1 of 16: 2 of 2
+            ("b1", 0, 2, 0), ("b2", 0, 3, 1), ("b3", 0, 3, 0),                    # 2-3 of 16: 1 of 3
+            ("c1", 0, 8, 1), ("c2", 0, 16, 0),                                    # 8-16 of 16: 1 of 2 (4-7: empty)
+            ("r1", 1, 5, 0), ("r2", 1, 0, 1)]                                     # base-realized: no bin
+    base = table([(q, d, h) for q, d, h, _ in rows], K=K)
+    trained = table([(q, t, t) for q, _, _, t in rows], K=K)
+    t = audit.realization_by_hit_rate_bin(base, trained, n_perm=500)
+    assert t["bin"].tolist() == ["0 of 16", "1 of 16", "2-3 of 16", "4-7 of 16", "8-16 of 16"]
+    assert t["n"].tolist() == [4, 2, 3, 0, 2] and t["realized"].tolist() == [1, 2, 1, 0, 1]
+    np.testing.assert_allclose(t["realization"], [1 / 4, 1, 1 / 3, np.nan, 1 / 2])
+    assert (t["realization_lo"].iloc[2], t["realization_hi"].iloc[2]) == pytest.approx(audit.wilson_interval(1, 3))
+    assert math.isnan(t["realization_lo"].iloc[3]) and math.isnan(t["realization_hi"].iloc[3])  # empty, kept
+    # independence: 5 realized among 11 base-unrealized questions, spread by bin size
+    assert t["expected_realized"].tolist() == pytest.approx([5 * n / 11 for n in (4, 2, 3, 0, 2)])
+    assert ((t.expected_lo <= t.expected_realized) & (t.expected_realized <= t.expected_hi)).all()
+    # the paper's edges at K = 16: 0 | 1-2 | 3-5 | 6-16
+    p = audit.realization_by_hit_rate_bin(base, trained, audit.PAPER_HIT_RATE_EDGES, n_perm=100)
+    assert p["bin"].tolist() == ["0 of 16", "1-2 of 16", "3-5 of 16", "6-16 of 16"]
+    assert p["n"].tolist() == [4, 3, 2, 2] and p["realized"].tolist() == [1, 2, 1, 1]
+    # tables.propensity: a pair column, each row with the K its bins were built for and the bin's edges
     prop = tables.propensity({"rl": (base, trained)})
     assert set(prop["pair"]) == {"rl"} and (prop["K"] == K).all() and len(prop) == 5
+    assert list(prop.columns[:7]) == ["pair", "K", "bin", "hits_lo", "hits_hi", "bin_lo", "bin_hi"]
+    pd.testing.assert_frame_equal(prop.drop(columns="pair"), audit.realization_by_hit_rate_bin(base, trained))
+
+
+def test_propensity_at_K_and_2K_follow_each_K():
+    # 8 samples; at K = 4 the first 4 count. a: 1 hit of 8 (the 5th), 0 of 4; b: 1 of 8 and 1 of 4
+    base = pd.DataFrame([record("a", 0, [0, 0, 0, 0, 1, 0, 0, 0], 8), record("b", 0, [1] + [0] * 7, 8),
+                         record("c", 0, [1] * 4 + [0] * 4, 8)])
+    trained = pd.DataFrame([record(q, 1, [1] * 8, 8) for q in "abc"])
+    prop = pd.concat([tables.propensity({"rl": (records_at(base, 4), records_at(trained, 4))}),
+                      tables.propensity({"rl": (base, trained)})], ignore_index=True)
+    at = {K: g.set_index("bin")["n"].to_dict() for K, g in prop.groupby("K")}
+    assert at == {4: {"0 of 4": 1, "1 of 4": 1, "2-4 of 4": 1},
+                  8: {"0 of 8": 0, "1 of 8": 2, "2-3 of 8": 0, "4-8 of 8": 1}}
 
 
 def test_fates_refuse_records_of_another_K():
@@ -284,9 +340,9 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     assert not [ln for ln in drawn["lin_free"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
     plots.plot_rlvr_changes(tables.table5(pairs, m=None, n_boot=100).assign(T=0.8), tmp_path / "changes_free.png")
     assert all("free-form" in t.get_text() for t in drawn["changes_free"].axes[0].get_xticklabels())
-    points = [ln for ln in drawn["prop"].axes[0].get_lines() if ln.get_marker() in tuple("os^Dv")]  # not the caps
-    for line_, (_, g) in zip(points, prop.groupby(["pair", "K"], sort=False)):
-        np.testing.assert_allclose(line_.get_ydata(), g.realization.to_numpy(dtype=float))
+    points = {c.get_label(): c.lines[0] for c in drawn["prop"].axes[0].containers}  # one panel: K = 4
+    for (p, K), g in prop.groupby(["pair", "K"], sort=False):
+        np.testing.assert_allclose(points[f"{p}, K = {K}"].get_ydata(), g.realization.to_numpy(dtype=float))
     log = pd.DataFrame({"step": [5, 10, 15, 15], "reward": [0.2, 0.4, 0.3, np.nan], "reward_std": [0.4, 0.5, 0.4, np.nan]})
     plots.plot_rlvr_training(log, tmp_path / "train.png")
     assert list(drawn["train"].axes[0].get_lines()[0].get_ydata()) == [0.2, 0.4, 0.3]  # the NaN row is dropped
@@ -353,3 +409,58 @@ def test_train_rlvr_prompt_filter_applies_to_the_grpo_recipe_only():
     grpo, sft = recipes("--prompt-filter", "informative")
     assert (grpo.kind, grpo.prompt_filter, sft.kind, sft.prompt_filter) == ("grpo", "informative", "sft", None)
     assert recipes()[0].prompt_filter is None and recipes()[0].name != grpo.name
+
+
+def _propensity_colours(fig) -> dict[str, set[str]]:
+    """Every colour each checkpoint's artists are drawn in, over all panels: the points' and expected ticks'
+    lines, caps and error-bar collections (errorbar containers are labelled "pair, K = k[, expected]")."""
+    from matplotlib.colors import to_hex
+
+    out: dict[str, set[str]] = {}
+    for ax in fig.axes:
+        for c in ax.containers:
+            data, caps, bars = c.lines
+            colours = {to_hex(data.get_color())} | {to_hex(cap.get_color()) for cap in caps}
+            colours |= {to_hex(rgba) for col in bars for rgba in col.get_colors()}
+            out.setdefault(c.get_label().split(",")[0], set()).update(colours)
+    return out
+
+
+def test_propensity_figure_one_colour_per_checkpoint_legend_off_the_data():
+    from reach_lens import plots
+
+    # 8 samples: the figure draws each pair at K = 4 and at 2K = 8
+    base = pd.DataFrame([record(f"q{i}", i % 5 == 0, [int((i * j) % 7 < 2) for j in range(8)], 8) for i in range(30)])
+    trained = {name: pd.DataFrame([record(f"q{i}", (i + s) % 3 == 0, [int((i + j + s) % 5 == 0) for j in range(8)], 8)
+                                   for i in range(30)]) for name, s in (("grpo", 0), ("sft", 1), ("dpo", 2))}
+    prop = pd.concat([tables.propensity({n: (records_at(base, 4), records_at(t, 4)) for n, t in trained.items()}),
+                      tables.propensity({n: (base, t) for n, t in trained.items()})], ignore_index=True).assign(T=0.8)
+    fig = plots.plot_rlvr_propensity(prop)
+    colours = _propensity_colours(fig)
+    assert set(colours) == set(trained)
+    assert all(len(c) == 1 for c in colours.values()), colours  # one colour per checkpoint, at K and at 2K
+    assert len({next(iter(c)) for c in colours.values()}) == len(trained)  # and distinct checkpoints differ
+    # K and 2K: a panel each, their bins on x, a marker each; every point where its table says
+    assert len(fig.axes) == 2
+    for ax, K in zip(fig.axes, (4, 8)):
+        ticks = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+        assert ticks == audit.hit_rate_bin_labels(K)
+        points = {c.get_label(): c.lines[0] for c in ax.containers if not c.get_label().endswith("expected")}
+        assert set(points) == {f"{n}, K = {K}" for n in trained}
+        for n in trained:
+            g = prop[(prop.pair == n) & (prop.K == K)]
+            np.testing.assert_allclose(points[f"{n}, K = {K}"].get_ydata(), g.realization.to_numpy(dtype=float))
+        assert len({ln.get_marker() for ln in points.values()}) == 1
+    markers = [{c.lines[0].get_marker() for c in ax.containers if not c.get_label().endswith("expected")}
+               for ax in fig.axes]
+    assert markers[0] != markers[1]
+    # the legend names each checkpoint and each K, and lies off every panel
+    legend = fig.axes[-1].get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert all(n in texts for n in trained) and any("K = 4" in t for t in texts) and any("K = 8" in t for t in texts)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
+

@@ -79,13 +79,14 @@ def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: in
 
 
 def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
-               bins=audit.HIT_RATE_BINS, seed: int = 0) -> pd.DataFrame:
+               bins: Sequence[float] | None = None, seed: int = 0) -> pd.DataFrame:
     """Figure 7 for every pair: ``audit.realization_by_hit_rate_bin`` rows (with each bin's count expected under
-    independence) with pair and K columns."""
+    independence) with a pair column. The bins follow each pair's K (`audit.hit_rate_bins`: by default 0, 1,
+    2-3, 4-7, ... hits of K; ``bins``: hit-rate edges instead, bins no c/K reaches merged into the next), and
+    every row carries that K and its bin's edges (hits_lo, hits_hi; bin_lo, bin_hi = the same over K)."""
     frames = []
     for label, (base, trained) in pairs.items():
         t = audit.realization_by_hit_rate_bin(base, trained, bins, seed=seed)
-        t.insert(0, "K", int(base["K"].iloc[0]))
         t.insert(0, "pair", label)
         frames.append(t)
     return pd.concat(frames, ignore_index=True)
