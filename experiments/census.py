@@ -98,7 +98,9 @@ def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, 
         short = ("base" if sparsity == 0 else f"mlp{sparsity:g}") if len(args.models) == 1 else (
             name if sparsity == 0 else f"{name} mlp{sparsity:g}")
         rows.append({"cell": f"{checkpoint} / {t}", "label": f"{short} / {t}", "checkpoint": checkpoint,
-                     "sparsity": sparsity, "task": t, "fmt": fmt, **audit.census_cell(screened, args.min_failures)})
+                     "sparsity": sparsity, "task": t, "fmt": fmt,
+                     "chance": audit.guesser_reach(audit.options_per_question(qs), 1),
+                     **audit.census_cell(screened, args.min_failures)})
     return rows
 
 

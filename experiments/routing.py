@@ -23,7 +23,7 @@ The answer-blind numbers are the majority vote over the first k random routes an
 geometric (method "random": walks of a geometric number of edits, mean 2, from the full path: close to it) and
 uniform (method "random_uniform": uniform over all routes of the action space, length <= 2L); default both.
 A cell counts as "random better" or "structured better" only when the paired 95% interval of
-O_random(K) - O_structured(K) excludes 0; bootstrap bands are not drawn below n = 10.
+O_random(K) - O_structured(K) excludes 0 (paired bootstrap); shares of questions carry Wilson intervals.
 
 Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, and --figures), one set per law
 (<law> in file names):

@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         for (m, t), g in sweep.groupby(["model", "task"], sort=False)}
     figures[out / f"selection_recovery_{tag}-T{args.T:g}.png"] = plots.plot_recovery(
         recovery, [("routes", f"routes ({args.space}, {args.random_routes})"),
-                   (f"T{args.T:g}", f"samples, T={args.T:g}")])
+                   (f"T{args.T:g}", f"samples, T={args.T:g}")], title=f"Answer-blind recovery, {name}")
     figures[out / f"selection_gap_vs_temperature_{tag}.png"] = plots.plot_selection_gap(sweep)
     cli.publish(args.figures, figures)
 

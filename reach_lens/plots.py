@@ -61,6 +61,54 @@ def _bars(ax: Axes, x, df: pd.DataFrame, name: str, label: str, color: str | Non
     ax.errorbar(x, y, yerr=err, marker=marker, ms=4, capsize=3, label=label, color=color)
 
 
+def legend_outside(ax: Axes, where: str = "right", **kwargs) -> None:
+    """A legend beside (``right``) or under (``below``) the axes, never over its data; ``kwargs`` go to ``legend``."""
+    if where == "right":
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+    else:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), borderaxespad=0.0, **kwargs)
+
+
+def data_top(*values, floor: float = 0.05) -> float:
+    """An upper y limit for shares that keeps the highest finite value (and its interval) in view with headroom:
+    1.02 when the data reach past 0.8, else 1.15 x the highest value (free-form shares often stay low)."""
+    finite = [float(v) for vs in values for v in np.ravel(np.asarray(vs, dtype=float)) if np.isfinite(v)]
+    top = max(finite, default=1.0)
+    return 1.02 if top > 0.8 else max(floor, 1.15 * top)
+
+
+_LABEL_OFFSETS = [(dx, dy) for r in (1.0, 1.8, 2.8, 4.0) for dx, dy in
+                  ((7 * r, 5 * r), (7 * r, -9 * r), (-7 * r, 5 * r), (-7 * r, -9 * r), (0, 9 * r), (0, -13 * r))]
+
+
+def place_labels(ax: Axes, points: Sequence[tuple[float, float]], texts: Sequence[str], fontsize: float = 7,
+                 radius: float | Sequence[float] = 4.0, **kwargs) -> list:
+    """Annotate each data point with its text at the first offset (nearest first) where the label stays inside
+    the axes and overlaps no other label and no point (a box of ``radius`` points around each: one value or one
+    per point); the last offset tried is kept when none is free. Call after the axes' limits are set. Returns
+    the annotations."""
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()
+    frame = ax.get_window_extent(renderer)
+    centers = ax.transData.transform(np.asarray(points, dtype=float).reshape(-1, 2))
+    pixels = np.broadcast_to(np.asarray(radius, dtype=float), (len(centers),)) * ax.figure.dpi / 72
+    taken = [(x - r, y - r, x + r, y + r) for (x, y), r in zip(centers, pixels)]
+    placed = []
+    for (x, y), text in zip(points, texts):
+        for dx, dy in _LABEL_OFFSETS:
+            ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                              ha="left" if dx > 0 else "right" if dx < 0 else "center", va="center", **kwargs)
+            b = ann.get_window_extent(renderer)
+            box = (b.x0, b.y0, b.x1, b.y1)
+            inside = frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1
+            if inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
+                break
+            if (dx, dy) != _LABEL_OFFSETS[-1]:
+                ann.remove()
+        taken.append(box)
+        placed.append(ann)
+    return placed
+
+
 LABELLED_CELLS = 6  # random-minus-structured dots get their cell's name up to this many per method
 GUESSER = "uniform guesser"  # the label of every guessing-floor line (figure tests find floors by it)
 
@@ -99,9 +147,10 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str | None = None, tit
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("k (candidates)")
     ax.set_ylabel("share of questions correct")
-    ax.set_ylim(0, 1.02)
+    guess = curve_df["guess"] if "guess" in curve_df.columns else []
+    ax.set_ylim(0, data_top(curve_df["hi"], guess, [deployed, vote]))
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)  # where the curves are not: free-form ones lie low, multiple-choice ones high
+    legend_outside(ax, fontsize=8)
     ax.set_title(f"{title}\n(n = {_n(curve_df['n'])}, K = {_n(curve_df['K'])}; 95% bootstrap band)", fontsize=10)
     return _finish(fig, path)
 
@@ -136,19 +185,20 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str | None = None,
     for ax in (ax1, ax2):
         ax.set_xlabel("sampling temperature T")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        legend_outside(ax, "below", fontsize=8)
     fig.suptitle(f"{title} (n = {_n(df['n'])}, K = {_n(df['K'])}; 95% intervals)", fontsize=10)
     return _finish(fig, path)
 
 
 def plot_census(df: pd.DataFrame, path: Path | str | None = None,
                 title: str = "Recognition vs generation census") -> Figure:
-    """Generation accuracy vs recognition accuracy per cell with 95% intervals, y = x line; every cell labeled,
-    cells meeting the criterion in red.
+    """Generation accuracy vs recognition accuracy per cell with 95% intervals, y = x line; every cell labeled
+    (labels placed clear of each other and of the points), cells meeting the criterion in red.
 
     Columns: cell, recognition_acc, generation_acc, n_fail (recognition-right, generation-wrong count; marker size),
     meets_criterion; optional: label (short point label, default cell), task (one marker shape per task),
-    recognition_lo/_hi and generation_lo/_hi (error bars).
+    recognition_lo/_hi and generation_lo/_hi (error bars), chance (a uniform guesser's accuracy, 1/m: drawn as
+    dotted lines on both axes, one pair per value, naming its tasks).
     """
     _require(df, ("cell", "recognition_acc", "generation_acc", "n_fail", "meets_criterion"), "census")
     fig = Figure(figsize=(6, 6))
@@ -156,7 +206,7 @@ def plot_census(df: pd.DataFrame, path: Path | str | None = None,
     tasks = list(dict.fromkeys(df["task"])) if "task" in df else [None]
     markers = dict(zip(tasks, "osD^vP*X"))
     has_bars = all(c in df for c in ("recognition_lo", "recognition_hi", "generation_lo", "generation_hi"))
-    for i, (_, r) in enumerate(df.sort_values("recognition_acc").iterrows()):
+    for _, r in df.sort_values("recognition_acc").iterrows():
         meets = bool(r["meets_criterion"])
         color = "tab:red" if meets else "tab:gray"
         x, y = r["recognition_acc"], r["generation_acc"]
@@ -165,19 +215,28 @@ def plot_census(df: pd.DataFrame, path: Path | str | None = None,
                         yerr=[[y - r["generation_lo"]], [r["generation_hi"] - y]], color=color, alpha=0.35, lw=0.8)
         ax.scatter([x], [y], s=15 + 8 * float(r["n_fail"]), c=color, marker=markers[r["task"] if "task" in df else None],
                    edgecolors="black" if meets else "none", alpha=0.9 if meets else 0.6, zorder=3)
-        ax.annotate(str(r.get("label", r["cell"])), (x, y), fontsize=7, textcoords="offset points",
-                    xytext=(6, 8 if i % 2 == 0 else -12), zorder=4)
     handles = [Line2D([], [], ls="none", marker="o", color="tab:red", markeredgecolor="black", label="meets criterion"),
                Line2D([], [], ls="none", marker="o", color="tab:gray", label="other cells")]
     handles += [Line2D([], [], ls="none", marker=markers[t], color="black", fillstyle="none", label=t)
                 for t in tasks if t is not None]
+    if "chance" in df:
+        for j, (chance, g) in enumerate(df.groupby("chance", sort=True)):
+            style = dict(color=("tab:blue", "tab:purple", "tab:brown", "tab:olive")[j % 4], lw=1.0, ls=":", zorder=1)
+            ax.axvline(chance, **style)
+            ax.axhline(chance, **style)
+            handles.append(Line2D([], [], **style, label=f"chance {chance:.0%} ({', '.join(dict.fromkeys(g.task))})"))
     ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls="--")
+    handles.append(Line2D([], [], color="black", lw=0.8, ls="--", label="generation = recognition"))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
+    cells = df.sort_values("recognition_acc")
+    place_labels(ax, list(zip(cells["recognition_acc"], cells["generation_acc"])),
+                 [str(r.get("label", r["cell"])) for _, r in cells.iterrows()],
+                 radius=np.sqrt((15 + 8 * cells["n_fail"].to_numpy(dtype=float)) / np.pi), zorder=4)
     ax.set_xlabel("recognition accuracy (gold option ranked first by likelihood)")
     ax.set_ylabel("generation accuracy (greedy answer correct)")
     ax.grid(alpha=0.3)
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    legend_outside(ax, handles=handles, fontsize=8)
     ax.set_title(f"{title}\n({len(df)} cells, {int(df['meets_criterion'].astype(bool).sum())} meet the criterion; "
                  "size ~ failures; bars: 95% Wilson)", fontsize=9)
     return _finish(fig, path)
@@ -285,7 +344,7 @@ def plot_steering(df: pd.DataFrame, path: Path | str | None = None, title: str =
     ax.set_ylabel("share of questions")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_outside(ax, fontsize=7)
     ax.set_title(f"{title}\n(n_fail = {_n(main['rescue_n'])}, n_healthy = {_n(main['induction_n'])}; "
                  f"95% Wilson)", fontsize=10)
     return _finish(fig, path)
@@ -293,16 +352,23 @@ def plot_steering(df: pd.DataFrame, path: Path | str | None = None, title: str =
 
 # ---- routing and selection (tables of `reach_lens.routing.analysis`) ----------------------------------
 
-SERIES_COLORS = {"random": "tab:blue", "mcts": "tab:red", "hill_climb": "tab:green", "genetic": "tab:purple",
+SERIES_COLORS = {"random": "tab:blue", "random_uniform": "tab:cyan", "mcts": "tab:red", "hill_climb": "tab:green", "genetic": "tab:purple",
                  "random vote": "tab:orange"}
 
 
-MIN_BAND_N = 10  # questions below which a cell's bootstrap bands are not drawn
+
+SERIES_LABELS = {"random": "random routes, geometric law", "random_uniform": "random routes, uniform law",
+                 "mcts": "MCTS", "hill_climb": "hill climbing", "genetic": "genetic search",
+                 "random vote": "majority vote over the random routes"}
+SERIES_MARKERS = {"random": "o", "random_uniform": "o", "mcts": "s", "hill_climb": "^", "genetic": "D",
+                  "random vote": "v"}
 
 
 def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None = None) -> Figure:
     """Oracle o(k) per search method and the random-route vote@k vs k (log x), one panel per model x task, in
-    one action space, with bootstrap bands (cells of at least ``MIN_BAND_N`` questions) and the deployed D; a format-collapsed cell says so in its title.
+    one action space, with the deployed D; each series has its own marker and a small sideways offset so equal
+    values stay visible, and its Wilson 95% interval is drawn at k = K (the reported O_K). A format-collapsed
+    cell says so in its title; free-form panels are scaled to their data.
 
     Columns (`analysis.analyse`'s ``oracle_curves``): model, task, space, series, k, value, lo, hi, n, K, D,
     collapsed, format_failure_rate; an optional ``guess`` column (multiple choice: the uniform guesser's
@@ -320,13 +386,16 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None
     for i, m in enumerate(models):
         for j, t in enumerate(tasks):
             ax, cell = axes[i, j], c[(c.model == m) & (c.task == t)]
-            for name, g in cell.groupby("series", sort=False):
+            series = list(dict.fromkeys(cell.series))
+            for s_index, (name, g) in enumerate(cell.groupby("series", sort=False)):
                 color = SERIES_COLORS.get(name)
-                ax.plot(g.k, g.value, ls="--" if name == "random vote" else "-", color=color, label=name, lw=1.4,
-                        drawstyle="steps-post")
-                if int(cell.n.iloc[0]) >= MIN_BAND_N:  # a bootstrap over a handful of questions says nothing
-                    ax.fill_between(g.k, g.lo, g.hi, color=color, alpha=0.12, lw=0, step="post")
-            ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D")
+                x = g.k * 2 ** (0.07 * (s_index - (len(series) - 1) / 2))  # apart on the log axis
+                line, = ax.plot(x, g.value, ls="--" if name == "random vote" else "-", color=color, lw=1.3,
+                                marker=SERIES_MARKERS.get(name, "o"), ms=3.5, label=SERIES_LABELS.get(name, name))
+                end = g[g.k == g.k.max()]
+                ax.errorbar(x[end.index], end.value, yerr=[end.value - end.lo, end.hi - end.value], color=line.get_color(),
+                            capsize=3, lw=1.2, ls="none")
+            ax.axhline(cell.D.iloc[0], color="black", lw=0.9, ls=":", label="deployed D (the full path)")
             _guesser_curve(ax, cell)
             flag = f", format collapse ({cell.format_failure_rate.iloc[0]:.0%})" if cell.collapsed.iloc[0] else ""
             broken = (f"\nno answer from {cell.random_format_failure_rate.iloc[0]:.0%} of random routes"
@@ -334,7 +403,7 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None
             ax.set_title(f"{m} / {t} (n={cell.n.iloc[0]}){flag}{broken}", fontsize=9)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylim(0, data_top(cell.hi, cell["guess"] if "guess" in cell else []))
             ax.grid(alpha=0.3)
             if i == len(models) - 1:
                 ax.set_xlabel("k (distinct routes)")
@@ -344,10 +413,10 @@ def plot_oracle_curves(curves: pd.DataFrame, space: str, path: Path | str | None
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    axes[0, 0].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left")
-    bands = "95% bootstrap bands" + ("" if int(c.n.min()) >= MIN_BAND_N else f" where n >= {MIN_BAND_N}")
+    axes[0, -1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       borderaxespad=0.0)
     fig.suptitle(f"Oracle o(k) over routes, action space '{space}' (n = {_n(c.n)}, K = {_n(c.K)}; greedy; "
-                 f"{bands})", fontsize=10, y=1.0 + 0.06 / len(models))  # above the two-line panel titles
+                 "bars at k = K: 95% Wilson)", fontsize=10, y=1.0 + 0.06 / len(models))  # above the panel titles
     return _finish(fig, path)
 
 
@@ -395,14 +464,21 @@ def plot_random_minus_structured(diffs: pd.DataFrame, counts: pd.DataFrame, path
     return _finish(fig, path)
 
 
-def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Path | str | None = None) -> Figure:
-    """Answer-blind recovery per selector: one dot per model x task cell and probe (hollow: format collapse, left
-    out of the median), the median over clean cells as a bar. ``probes`` are (probe value, legend label) pairs.
+def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Path | str | None = None,
+                  title: str = "Answer-blind recovery") -> Figure:
+    """Answer-blind recovery per selector: one dot per model x task cell and probe (colour: probe; shape: task;
+    hollow: format collapse, left out of the median), the median over clean cells as a bar. ``probes`` are
+    (probe value, legend label) pairs.
 
     Columns (`analysis.recovery_rows` rows with model, task, probe): probe, selector, recovery, collapsed, n, K.
     """
     _require(rec, ("probe", "selector", "recovery", "collapsed", "n", "K"), "recovery")
     channels = list(dict.fromkeys(rec.selector))
+    cells = list(dict.fromkeys(rec.task if "model" not in rec or rec.model.nunique() == 1
+                               else rec.model + " / " + rec.task)) if "task" in rec else [None]
+    cell_of = (rec.task if "model" not in rec or rec.model.nunique() == 1 else rec.model + " / " + rec.task) \
+        if "task" in rec else pd.Series([None] * len(rec), index=rec.index)
+    markers = dict(zip(cells, "os^DvP*X"))
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
     fig = Figure(figsize=(9, 3.8))
     ax = fig.add_subplot()
@@ -411,22 +487,24 @@ def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Pa
         r = rec[rec.probe == probe]
         for x, ch in enumerate(channels):
             g = r[(r.selector == ch) & np.isfinite(r.recovery.astype(float))]
-            hollow = g.collapsed.astype(bool).to_numpy()
-            for mask, face in ((~hollow, color), (hollow, "none")):
-                if mask.any():
-                    ax.plot(np.full(mask.sum(), x + dx), g.recovery.to_numpy(dtype=float)[mask], "o", color=color,
-                            mfc=face, alpha=0.7, ms=5)
-            clean = g.recovery.to_numpy(dtype=float)[~hollow]
+            for cell, row in zip(cell_of[g.index], g.itertuples()):
+                ax.plot([x + dx], [float(row.recovery)], marker=markers[cell], color=color, ls="none", alpha=0.8,
+                        ms=5.5, mfc="none" if bool(row.collapsed) else color)
+            clean = g.recovery.to_numpy(dtype=float)[~g.collapsed.astype(bool).to_numpy()]
             if len(clean):
                 ax.plot([x + dx - 0.1, x + dx + 0.1], [np.median(clean)] * 2, color=color, lw=2.5)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(1, color="gray", lw=0.8, ls=":")
-    ax.legend(handles=[Line2D([], [], ls="none", marker="o", color=colors[j % len(colors)], label=label)
-                       for j, (_, label) in enumerate(probes)], fontsize=8)
+    handles = [Line2D([], [], ls="none", marker="s", color=colors[j % len(colors)], label=label)
+               for j, (_, label) in enumerate(probes)]
+    handles += [Line2D([], [], ls="none", marker=markers[c], color="black", mfc="none", label=c) for c in cells
+                if c is not None]
+    handles.append(Line2D([], [], color="gray", lw=2.5, label="median over clean cells"))
+    legend_outside(ax, handles=handles, fontsize=8)
     ax.set_xticks(range(len(channels)), [textwrap.fill(c.replace("_", " "), 14) for c in channels], fontsize=8)
     ax.set_ylabel("recovery (selector - greedy) / (oracle - greedy)")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"Answer-blind recovery per model x task cell (dots) and median over clean cells (bars); "
+    ax.set_title(f"{title}: per model x task cell (shapes) and probe (colours), median over clean cells (bars); "
                  f"n = {_n(rec.n)} per cell, K = {_n(rec.K)}\nhollow = format collapse (left out of the median); "
                  "cells with oracle = greedy have no recovery", fontsize=8)
     return _finish(fig, path)
@@ -455,7 +533,7 @@ def plot_selection_gap(sweep: pd.DataFrame, path: Path | str | None = None) -> F
     ax.set_xlabel("sampling temperature T")
     ax.set_ylabel("O_K - majority vote@K (share of questions)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_outside(ax, fontsize=7)
     ax.set_title(f"Selection gap of temperature samples, K = {_n(sweep.K)} (95% paired bootstrap bands)", fontsize=9)
     return _finish(fig, path)
 
@@ -505,7 +583,7 @@ def plot_units_vs_block(df: pd.DataFrame, path: Path | str | None = None,
     if normalized:
         ax1.axhline(1.0, color="black", lw=0.8, ls="--", label="whole block = 1")
         ax1.set_ylim(0, max(1.15, ax1.get_ylim()[1]))
-        ax1.legend(fontsize=7, loc="upper right")
+        legend_outside(ax1, "below", fontsize=7)
     ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}" if v >= 0.1 else f"{v:.1%}"))
     fig.suptitle(f"{title}\n(whole block repairs {k[0]}/{k[1]} evaluation failures; error bars: SD over random sets)",
                  fontsize=10)
@@ -595,54 +673,99 @@ def plot_rlvr_changes(df: pd.DataFrame, path: Path | str | None = None,
                       in zip(df["pair"], df["n"], df.iterrows())], fontsize=8)
     ax.set_ylabel("trained - base (percentage points)")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     ax.set_title(f"{title}\n({_protocol_note(df)}; paired bootstrap 95%)", fontsize=10)
     return _finish(fig, path)
+
+
+CHECKPOINT_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                     "tab:olive", "tab:cyan", "tab:gray")  # one per checkpoint (pair) of a figure, in table order
+
+
+def _propensity_tick(row: pd.Series) -> str:
+    """A propensity bin's tick: its label in hits of K, under it its hit rates (when the table has the edges)."""
+    if "hits_lo" not in row.index or "hits_hi" not in row.index or pd.isna(row["hits_lo"]):
+        return str(row.name)
+    K, lo, hi = int(row["K"]), int(row["hits_lo"]), int(row["hits_hi"])
+    if hi == 0:
+        return f"{row.name}\n(unreachable)"
+    rates = f"{100 * lo / K:.3g}%" if lo == hi else f"{100 * lo / K:.3g}-{100 * hi / K:.3g}%"
+    return f"{row.name}\n{rates}"
 
 
 def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
                          title: str = "Realization after training by base hit rate") -> Figure:
     """Figure 7 from `rlvr.tables.propensity` rows (+ T): among questions the base does not realize, the share
-    realized after training per base hit-rate bin, one series per (pair, K), Wilson 95% bars and each bin's n
-    (an empty bin is marked "n = 0", with no point); with ``expected_realized`` (and ``expected_lo``/``_hi``),
-    beside each point the share independence of realization and hit rate would give (a tick, 95% permutation)."""
+    realized after training per base hit-rate bin, with Wilson 95% bars and each bin's n (an empty bin is marked
+    "0" at the bottom, with no point); with ``expected_realized`` (and ``expected_lo``/``_hi``), right of each point
+    the share independence of realization and hit rate would give (a tick, 95% permutation).
+
+    One panel per K (the bins follow K: `audit.hit_rate_bins`), each with its own bins on x (ticks: the bin in hits
+    of K and, with hits_lo/hits_hi columns, its hit rates); one colour per checkpoint (pair) across all panels
+    (`CHECKPOINT_COLORS`, in table order), one marker per K. The legend (colours: checkpoints; markers: K and its
+    panel; the expected tick) sits right of the last panel, off the data."""
     need = ("pair", "K", "T", "bin", "n", "realization", "realization_lo", "realization_hi")
     _require(df, need, "rlvr propensity")
-    bins = list(dict.fromkeys(df["bin"]))
-    groups = list(df.groupby(["pair", "K"], sort=False))
-    fig = Figure(figsize=(max(6.5, 1.3 * len(bins) + 2), 4.6))
-    ax = fig.add_subplot()
-    width = 0.8 / len(groups)
-    for j, ((pair, K), g) in enumerate(groups):
-        g = g.set_index("bin").reindex(bins)
-        x = np.arange(len(bins)) + (j - (len(groups) - 1) / 2) * width
-        y = g["realization"].to_numpy(dtype=float)
-        err = np.vstack([y - g["realization_lo"].to_numpy(dtype=float), g["realization_hi"].to_numpy(dtype=float) - y])
-        line = ax.errorbar(x, y, yerr=err, marker="os^Dv"[j % 5], ms=5, capsize=3, ls="none",
-                           label=f"{pair}, hit rate of K = {K} samples")
-        if "expected_realized" in g.columns:  # realization independent of the base hit rate
-            n_bin = g["n"].to_numpy(dtype=float)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                e, lo, hi = (g[c].to_numpy(dtype=float) / n_bin for c in ("expected_realized", "expected_lo",
-                                                                          "expected_hi"))
-            ax.errorbar(x + width / 4, e, yerr=np.vstack([e - lo, hi - e]), fmt="_", ms=9, mew=1.5, capsize=2,
-                        color=line[0].get_color(), alpha=0.6,
-                        label="tick right of each point: its share if realization ignored the hit rate (95%)"
-                        if j == 0 else None)
-        for xi, hi, n in zip(x, g["realization_hi"].to_numpy(dtype=float), g["n"].to_numpy()):
-            ax.annotate(f"{int(n)}", (xi, -0.05 if np.isnan(hi) else hi), textcoords="offset points",
-                        xytext=(0, 0 if np.isnan(hi) else 3), ha="center",
-                        va="center" if np.isnan(hi) else "bottom",
-                        fontsize=7, color=line[0].get_color())
-    ax.set_xticks(np.arange(len(bins)), [f"{b}\n{'(unreachable)' if b == '0' else ''}" for b in bins], fontsize=8)
-    ax.set_xlim(-0.6, len(bins) - 0.4)
-    ax.set_xlabel("base hit rate (hits / K) of questions the base does not realize; numbers: questions in the bin "
+    pairs = list(dict.fromkeys(df["pair"]))
+    colors = {p: CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)] for i, p in enumerate(pairs)}
+    Ks = sorted({int(k) for k in df["K"]})
+    markers = {K: "os^Dv"[i % 5] for i, K in enumerate(Ks)}
+    bins = {K: list(dict.fromkeys(df.loc[df["K"] == K, "bin"])) for K in Ks}
+    per_bin = max(0.8, 0.25 * len(pairs) + 0.4)  # inches per bin
+    legend_w = 3.4
+    width_in = max(6.5, sum(per_bin * len(b) + 1.0 for b in bins.values()) + legend_w)
+    fig = Figure(figsize=(width_in, 4.9))
+    axes = fig.subplots(1, len(Ks), sharey=True, squeeze=False,
+                        gridspec_kw={"width_ratios": [len(bins[K]) for K in Ks]})[0]
+    fig.subplots_adjust(left=0.8 / width_in, right=1 - legend_w / width_in, bottom=0.22, top=0.84, wspace=0.08)
+    width = 0.8 / len(pairs)
+    where = {1: [""], 2: [" (left panel)", " (right panel)"]}.get(len(Ks),
+                                                                   [f" (panel {i + 1})" for i in range(len(Ks))])
+    has_expected = "expected_realized" in df.columns
+    for ax, K in zip(axes, Ks):
+        d = df[df["K"] == K]
+        for j, pair in enumerate(pairs):
+            g = d[d["pair"] == pair].set_index("bin").reindex(bins[K])
+            if g["n"].isna().all():
+                continue
+            color = colors[pair]
+            x = np.arange(len(bins[K])) + (j - (len(pairs) - 1) / 2) * width
+            y = g["realization"].to_numpy(dtype=float)
+            err = np.vstack([y - g["realization_lo"].to_numpy(dtype=float),
+                             g["realization_hi"].to_numpy(dtype=float) - y])
+            ax.errorbar(x, y, yerr=err, marker=markers[K], ms=5, capsize=3, ls="none", color=color,
+                        label=f"{pair}, K = {K}")
+            if has_expected:  # realization independent of the base hit rate
+                n_bin = g["n"].to_numpy(dtype=float)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    e, lo, hi = (g[c].to_numpy(dtype=float) / n_bin for c in ("expected_realized", "expected_lo",
+                                                                              "expected_hi"))
+                ax.errorbar(x + width / 4, e, yerr=np.vstack([e - lo, hi - e]), fmt="_", ms=9, mew=1.5, capsize=2,
+                            color=color, alpha=0.6, label=f"{pair}, K = {K}, expected")
+            for xi, hi, n in zip(x, g["realization_hi"].to_numpy(dtype=float), g["n"].to_numpy(dtype=float)):
+                if np.isnan(n):
+                    continue
+                ax.annotate(f"{int(n)}", (xi, -0.05 if np.isnan(hi) else hi), textcoords="offset points",
+                            xytext=(0, 0 if np.isnan(hi) else 3), ha="center",
+                            va="center" if np.isnan(hi) else "bottom", fontsize=7, color=color)
+        first = d.drop_duplicates("bin").set_index("bin").reindex(bins[K])
+        ax.set_xticks(np.arange(len(bins[K])), [_propensity_tick(r) for _, r in first.iterrows()], fontsize=7)
+        ax.set_xlim(-0.6, len(bins[K]) - 0.4)
+        ax.set_ylim(-0.08, 1.05)
+        ax.grid(alpha=0.3, axis="y")
+        ax.set_title(f"hit rate over K = {K} samples", fontsize=9)
+    axes[0].set_ylabel("share realized after training")
+    fig.supxlabel("base hits of K (hit rate) of questions the base does not realize; numbers: questions in the bin "
                   "(0 at the bottom: an empty bin)", fontsize=8)
-    ax.set_ylabel("share realized after training")
-    ax.set_ylim(-0.08, 1.05)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: points fill the axes
-    ax.set_title(f"{title}\n(n = {_n(df.groupby(['pair', 'K'])['n'].sum())} base-unrealized questions, "
+    handles = [Line2D([], [], color=colors[p], lw=6, label=p) for p in pairs]
+    handles += [Line2D([], [], color="dimgray", marker=markers[K], ls="none", label=f"hit rate over K = {K}{w}")
+                for K, w in zip(Ks, where)]
+    if has_expected:
+        handles.append(Line2D([], [], color="dimgray", marker="_", ms=9, mew=1.5, ls="none",
+                              label="tick right of a point: its share if\nrealization ignored the hit rate (95%)"))
+    axes[-1].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.04, 1), borderaxespad=0,
+                    title="colour: checkpoint; marker: K", title_fontsize=8)  # outside: points fill the axes
+    fig.suptitle(f"{title}\n(n = {_n(df.groupby(['pair', 'K'])['n'].sum())} base-unrealized questions, "
                  f"T = {float(df['T'].iloc[0]):g}; Wilson 95%)", fontsize=10)
     return _finish(fig, path)
 
@@ -676,7 +799,7 @@ def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str | None = None,
     ax.set_ylabel("share of questions correct")
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    legend_outside(ax, fontsize=7)
     ax.set_title(f"{title}\n({_protocol_note(df)}; Wilson 95%)", fontsize=10)
     return _finish(fig, path)
 
@@ -700,7 +823,7 @@ def plot_rlvr_training(log: pd.DataFrame, path: Path | str | None = None, title:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward (task grader)" if metric == "reward" else "training loss")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     ax.set_title(f"{title}\n({int(g['step'].max())} steps)", fontsize=10)
     return _finish(fig, path)
 
@@ -732,7 +855,7 @@ def plot_gap_table(df: pd.DataFrame, path: Path | str | None = None) -> Figure:
     ax.set_ylabel("share of questions correct")
     ax.set_ylim(0, 1.05)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right", framealpha=0.95)
+    legend_outside(ax, fontsize=8)
     temperatures = sorted({float(t) for t in df["T"]})
     ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {'/'.join(f'{t:g}' for t in temperatures)}; "
                  "95% intervals)", fontsize=10)

@@ -15,15 +15,25 @@ from reach_lens.select import majority_vote
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def legends_off_data(fig):
+    """No legend of the figure overlaps the data area of any of its axes (checked on the rendered figure)."""
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    frames = [ax.get_window_extent(renderer) for ax in fig.axes]
+    return all(not legend.get_window_extent(renderer).overlaps(frame) for legend in legends for frame in frames)
+
+
 @pytest.fixture
 def drawn(monkeypatch):
-    """{path name: Figure} of every figure the plot functions save during the test."""
+    """{path name: Figure} of every figure the plot functions save during the test; each is checked to keep its
+    legends off every axes' data area."""
     figures = {}
     save = plots.save
 
     def capture(fig, path):
         out = save(fig, path)
         assert out.read_bytes()[:8] == PNG_MAGIC
+        assert legends_off_data(fig), f"{out.name}: a legend lies over an axes' data area"
         figures[out.name] = fig
         return out
 
@@ -108,6 +118,20 @@ def test_plot_census(tmp_path, drawn):
     assert sorted(t.get_text() for t in ax.texts) == ["a", "b", "c"]
     assert "1 meet the criterion" in ax.get_title()
 
+    # crowded cells: every label is placed clear of the other labels; chance lines per option count
+    crowded = pd.DataFrame({"cell": [f"model {i} / task" for i in range(5)], "recognition_acc": [0.3, 0.31, 0.29, 0.3, 0.32],
+                            "generation_acc": [0.25, 0.26, 0.24, 0.27, 0.25], "n_fail": 10, "meets_criterion": False,
+                            "task": ["arc_easy", "arc_easy", "piqa", "piqa", "arc_easy"],
+                            "chance": [0.25, 0.25, 0.5, 0.5, 0.25]})
+    plots.plot_census(crowded, tmp_path / "crowded.png")
+    fig = drawn["crowded.png"]
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 5 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "chance 25% (arc_easy)" in legend and "chance 50% (piqa)" in legend
+    assert {ln.get_xdata()[0] for ln in ax.get_lines() if list(ln.get_xdata()) == [ln.get_xdata()[0]] * 2} >= {0.25, 0.5}
+
 
 def test_plot_layer_sweep(tmp_path, drawn):
     rows = []
@@ -167,8 +191,16 @@ def test_plot_oracle_curves(tmp_path, drawn):
     for ax, task in ((easy, "arc_easy"), (piqa, "piqa")):
         for series in ("random", "mcts", "random vote"):
             g = curves[(curves.task == task) & (curves.series == series)]
-            np.testing.assert_allclose(line(ax, series).get_ydata(), g.value)
-        assert line(ax, "deployed D").get_ydata()[0] == 0.3
+            drawn_line = line(ax, plots.SERIES_LABELS[series])
+            np.testing.assert_allclose(drawn_line.get_ydata(), g.value)
+            bar = next(c for c in ax.containers if isinstance(c, ErrorbarContainer)  # its interval at k = K
+                       and c.lines[0].get_color() == drawn_line.get_color())
+            segment = bar.lines[2][0].get_segments()[0]
+            assert segment[0][0] == drawn_line.get_xdata()[-1]
+            assert (segment[0][1], segment[1][1]) == pytest.approx((g.lo.iloc[-1], g.hi.iloc[-1]))
+        xs = [tuple(line(ax, plots.SERIES_LABELS[s]).get_xdata()) for s in ("random", "mcts", "random vote")]
+        assert len(set(xs)) == 3  # equal values stay visible side by side
+        assert line(ax, "deployed D (the full path)").get_ydata()[0] == 0.3
     assert "format collapse (80%)" in piqa.get_title() and "collapse" not in easy.get_title()
     assert "no answer from 25% of random routes" in easy.get_title()
     assert "n = 5, K = 4" in fig._suptitle.get_text()
@@ -204,7 +236,7 @@ def test_oracle_curves_legend_names_a_floor_drawn_only_on_a_later_panel(tmp_path
     plots.plot_oracle_curves(curves, "skip", tmp_path / "oracle.png")
     squad, arc = drawn["oracle.png"].axes[:2]
     assert not any(plots.GUESSER in ln.get_label() for ln in squad.get_lines())
-    assert any(plots.GUESSER in t.get_text() for t in squad.get_legend().get_texts())
+    assert any(plots.GUESSER in t.get_text() for t in arc.get_legend().get_texts())  # one legend, beside the panels
 
 
 def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_median(tmp_path, drawn):
@@ -220,7 +252,15 @@ def test_plot_recovery_draws_collapsed_cells_hollow_and_leaves_them_out_of_the_m
     medians = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if len(ln.get_xdata()) == 2 and ln.get_linewidth() == 2.5)
     assert medians == pytest.approx([-0.25, 0.2])  # routes: median(0.5, -1.0); the collapsed 2.0 is left out
     assert "n = 6 per cell, K = 4" in ax.get_title()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["routes", "samples, T=0.8"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["routes", "samples, T=0.8", "median over clean cells"]
+
+    # with cells named, each task has its own marker and the legend names it
+    named = rec.assign(model="m", task=["squad", "arc_easy", "squad"] * 2)
+    plots.plot_recovery(named, [("routes", "routes"), ("T0.8", "samples, T=0.8")], tmp_path / "named.png", title="R, m")
+    ax = drawn["named.png"].axes[0]
+    shapes = {(ln.get_ydata()[0], ln.get_marker()) for ln in ax.get_lines() if len(ln.get_xdata()) == 1}
+    assert shapes == {(0.5, "o"), (-1.0, "s"), (2.0, "o"), (0.1, "o"), (0.3, "s")}
+    assert "squad" in [t.get_text() for t in ax.get_legend().get_texts()] and ax.get_title().startswith("R, m: ")
 
 
 def test_plot_selection_gap(tmp_path, drawn):

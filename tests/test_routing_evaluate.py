@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_model
 
+from reach_lens.audit import wilson_interval
 from reach_lens.probes import deploy
 from reach_lens.records import make_record
 import reach_lens.routing.evaluate as evaluate
@@ -228,6 +229,11 @@ def test_routing_analysis_oracle_vote_and_differences():
     curves = tables["oracle_curves"]
     random_curve = curves[curves.series == "random"]
     assert random_curve.value.tolist() == [0.5, 0.5, 1.0, 1.0] and (random_curve.lo <= random_curve.value).all()
+    # proportions carry Wilson intervals (1 of 2 questions: [0.095, 0.905]; 2 of 2: [0.342, 1]), differences bootstrap
+    assert random_curve.lo.round(3).tolist() == [0.095, 0.095, 0.342, 0.342] and random_curve.hi.tolist()[2:] == [1, 1]
+    assert (diff.random_oracle_lo, diff.random_oracle_hi) == wilson_interval(2, 2)
+    assert (diff.structured_oracle_lo, diff.structured_oracle_hi) == wilson_interval(1, 2)
+    assert (diff.D, diff.D_lo, diff.D_hi) == (0.5, *wilson_interval(1, 2)) and (curves.D_lo == diff.D_lo).all()
 
     # a collapsed cell (format failures above the threshold) is counted apart and left out of the clean counts
     collapsed = analysis.analyse({("embedded", "arc_easy"): pq}, ["skip"], ["random", "mcts"], K=4,

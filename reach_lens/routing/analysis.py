@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.audit import bootstrap_ci, curve_band
-from reach_lens.select import majority_vote, recovery, recovery_table
+from reach_lens.audit import bootstrap_ci, wilson_band, wilson_interval
+from reach_lens.select import accuracy_row, majority_vote, recovery_table
 
 TABLE1_SPACE = "skip_repeat"
 POOLED = "all questions pooled"
@@ -119,13 +119,18 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             random_method: str = RANDOM) -> dict[str, pd.DataFrame]:
     """The routing study's tables from its cells (``cells[(model, task)] = per_question(...)``, with ``router``
     [n] added for Table 1), ``random_method``'s routes against the structured ``methods``: ``oracle_curves``,
-    ``random_minus_structured``, ``direction_counts``, ``table1``."""
+    ``random_minus_structured``, ``direction_counts``, ``table1``.
+
+    Every share of questions (o(k), vote@k, D, O_K) carries its Wilson 95% interval (``lo``/``hi``, ``D_lo``/``D_hi``,
+    ``random_oracle_lo``/...); only differences between two searches on the same questions use the paired
+    percentile bootstrap (``diff_lo``/``diff_hi``)."""
     if not is_random(random_method):
         raise ValueError(f"random_method {random_method!r} is not a random search (expected 'random' or 'random_<law>')")
     structured = [m for m in methods if not is_random(m)]
     curves, diffs = [], []
     for (model, task), pq in cells.items():
         n = len(pq["qids"])
+        d_lo, d_hi = wilson_interval(int(pq["D"].sum()), n)
         for space in spaces:
             rate = pq["format_failures"][space]
             flags = {"collapsed": rate > collapse_threshold, "format_failure_rate": rate,
@@ -133,16 +138,21 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             series = {**{m: pq["oracle"][(space, m)] for m in [random_method, *structured]},
                       "random vote": pq["vote"][(space, random_method)]}
             for name, values in series.items():
-                mean, lo, hi = curve_band(values, seed=seed)
+                mean, lo, hi = wilson_band(values)
                 curves.append(pd.DataFrame({"model": model, "task": task, "space": space, "series": name,
                                             "k": np.arange(1, K + 1), "value": mean, "lo": lo, "hi": hi, "n": n,
-                                            "K": K, "D": pq["D"].mean(), **flags}))
+                                            "K": K, "D": pq["D"].mean(), "D_lo": d_lo, "D_hi": d_hi, **flags}))
             random_k = pq["oracle"][(space, random_method)][:, -1]
             for method in structured:
                 other_k = pq["oracle"][(space, method)][:, -1]
                 lo, hi = bootstrap_ci(random_k - other_k, seed=seed)
+                r_lo, r_hi = wilson_interval(int(random_k.sum()), n)
+                s_lo, s_hi = wilson_interval(int(other_k.sum()), n)
                 diffs.append({"model": model, "task": task, "space": space, "method": method, "n": n, "K": K,
-                              "random_oracle": random_k.mean(), "structured_oracle": other_k.mean(),
+                              "D": pq["D"].mean(), "D_lo": d_lo, "D_hi": d_hi,
+                              "random_oracle": random_k.mean(), "random_oracle_lo": r_lo, "random_oracle_hi": r_hi,
+                              "structured_oracle": other_k.mean(), "structured_oracle_lo": s_lo,
+                              "structured_oracle_hi": s_hi,
                               "diff": (random_k - other_k).mean(), "diff_lo": lo, "diff_hi": hi, **flags})
     diffs_df = pd.DataFrame(diffs)
     return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
@@ -222,11 +232,10 @@ def recovery_rows(records: pd.DataFrame, selectors: Mapping, collapse_threshold:
 def router_recovery_row(records: pd.DataFrame, router: pd.DataFrame, collapse_threshold: float = 0.5) -> dict:
     """The learned router's recovery row for one cell's route records, from its `routing.router_rows` table
     (``question_id``, ``correct``): its accuracy may exceed the oracle (its route need not be a candidate)."""
-    correct = router.set_index("question_id").loc[records.question_id, "correct"].astype(float)
-    greedy, oracle, acc = float(records.d.mean()), float(records.o.mean()), float(correct.mean())
+    correct = router.set_index("question_id").loc[records.question_id, "correct"].astype(bool)
+    row = accuracy_row(records.d, records.o, correct)
     rate = format_failure_rate(records)
-    return {"selector": ROUTER, "n": len(records), "K": int(records.K.iloc[0]), "greedy": greedy, "oracle": oracle,
-            "selector_acc": acc, "recovery": recovery(acc, greedy, oracle), "format_failure_rate": rate,
+    return {"selector": ROUTER, "n": row.pop("n"), "K": int(records.K.iloc[0]), **row, "format_failure_rate": rate,
             "collapsed": rate > collapse_threshold}
 
 
