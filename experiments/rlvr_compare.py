@@ -17,8 +17,11 @@ Table 6's K and 2K come from one set of samples.
 Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/{<fmt>,<control fmt>}/; tables
 in its summary-<hash>/ directory, figures there and in --figures):
   table5.csv (n, K, base D/O, trained D/O with Wilson 95%, delta n_reachable with a paired bootstrap interval),
-  fates.csv (Figure 6a), table6_budget.csv, table7_lineage.csv, table8_format_transfer.csv, propensity.csv (Figure 7,
-  at K and at 2K), summary.md; figures rlvr_fates_*, rlvr_changes_*, rlvr_propensity_*, rlvr_lineage_*.
+  fates.csv (Figure 6a; gains from base-reachable questions against two nulls: independence, and resampling with
+  the base's hit rate over its 2K samples), table6_budget.csv, table7_lineage.csv, table8_format_transfer.csv,
+  propensity.csv (Figure 7, at K and at 2K), reach_curves.csv (reach@k, k = 1..2K, per checkpoint), crossover.csv
+  (per trained checkpoint: the k where the base's reach@k overtakes, or the smallest gap), summary.md; figures
+  rlvr_fates_*, rlvr_changes_*, rlvr_propensity_*, rlvr_lineage_*, rlvr_reach_curves_*.
 With a multiple-choice task every oracle is printed beside the uniform guesser's floor 1 - (1 - 1/m)^K.
 """
 from __future__ import annotations
@@ -190,20 +193,22 @@ def main(argv=None) -> int:
     pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
     pairs_2k = {label: (native[BASE], native[label]) for label in trained}
     t5 = tables.table5(pairs_k, m, seed=args.seed)
-    fates = tables.fates_table(pairs_k, seed=args.seed)
+    fates = tables.fates_table(pairs_k, seed=args.seed, base_samples=native[BASE])
     prop = pd.concat([tables.propensity(pairs_k, args.bins, seed=args.seed),
                       tables.propensity(pairs_2k, args.bins, seed=args.seed)], ignore_index=True)
     t6 = tables.table6(pairs_2k, args.K, m, seed=args.seed)
     t7 = tables.table7(native, args.K, m)
     t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
                        seed=args.seed)
-    for t in (t5, fates, prop, t6, t7, t8):
+    curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
+    for t in (t5, fates, prop, t6, t7, t8, curves, cross):
         t.insert(1, "T", args.T)
     summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])
     for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
-                    ("table7_lineage", t7), ("table8_format_transfer", t8)):
+                    ("table7_lineage", t7), ("table8_format_transfer", t8), ("reach_curves", curves),
+                    ("crossover", cross)):
         t.to_csv(summary / f"{name}.csv", index=False)
-    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER)
+    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER, cross)
     (summary / "summary.md").write_text(text)
     base_name = protocols["main"][BASE].model
     tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"
@@ -213,7 +218,9 @@ def main(argv=None) -> int:
         summary / f"rlvr_changes_{tag}.png": plots.plot_rlvr_changes(t5, title=f"D and O_K change, {what}"),
         summary / f"rlvr_propensity_{tag}.png": plots.plot_rlvr_propensity(
             prop, title=f"Realization after training by base hit rate, {what}"),
-        summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t7, title=f"Lineage, {what}")})
+        summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t7, title=f"Lineage, {what}"),
+        summary / f"rlvr_reach_curves_{tag}.png": plots.plot_rlvr_reach_curves(curves, cross,
+                                                                              title=f"reach@k, {what}")})
     print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
     return 0

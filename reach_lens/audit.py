@@ -376,6 +376,97 @@ def gains_under_independence(fates_df: pd.DataFrame, n_perm: int = 10000, seed: 
             "lo": float(lo[1]), "hi": float(hi[1])}
 
 
+def poisson_binomial_pmf(p: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The exact distribution of the number of successes of independent Bernoulli(p_i) trials: pmf [len(p) + 1],
+    built by convolving one trial at a time (O(n^2))."""
+    p = np.asarray(p, dtype=np.float64).ravel()
+    if not np.all((p >= 0) & (p <= 1)):
+        raise ValueError(f"probabilities must lie in [0, 1], got {p[~((p >= 0) & (p <= 1))][:5]}")
+    pmf = np.ones(1)
+    for q in p:
+        pmf = np.append(pmf * (1 - q), 0.0) + np.insert(pmf * q, 0, 0.0)
+    return pmf
+
+
+def poisson_binomial_interval(p: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[int, int]:
+    """The central ``level`` interval of the number of successes of independent Bernoulli(p_i) trials: its
+    (1 - level)/2 and (1 + level)/2 quantiles (each the smallest count whose cumulative probability reaches the
+    quantile), from the exact `poisson_binomial_pmf`."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level} must be in (0, 1)")
+    cdf = np.cumsum(poisson_binomial_pmf(p))
+    lo, hi = (int(np.searchsorted(cdf, q - 1e-12)) for q in ((1 - level) / 2, (1 + level) / 2))
+    return lo, min(hi, len(cdf) - 1)
+
+
+def gains_under_resampling(fates_df: pd.DataFrame, hit_rate: Mapping[Any, float] | pd.Series | None = None,
+                           level: float = 0.95) -> dict:
+    """Gains (newly realized questions) if the trained greedy answer were one draw from the base's own samples:
+    a question the base does not realize is gained with probability p_i = its base hit rate, independently over
+    questions, so the number of gains is Poisson-binomial with mean sum p_i. From a `fates` table (its reachable /
+    unreachable split is the table's: base o at its K).
+
+    ``hit_rate``: each question's base hit rate by question_id (e.g. hits / K over all of the base's 2K samples,
+    of which the fates' K are the first); default: the fates table's own hits_base / K_base. With the default a
+    base-unreachable question has p_i = 0, so the null's gains all come from base-reachable questions; with more
+    samples than the fates' K, a question without a hit in the first K may have one later and a p_i > 0.
+
+    Returns: observed (gains from base-reachable questions), observed_unreachable (gains from base-unreachable
+    ones), expected (sum of p_i over base-unrealized, base-reachable questions), lo, hi (the ``level`` interval
+    of that count: `poisson_binomial_interval`), expected_unreachable (sum of p_i over base-unrealized,
+    base-unreachable questions: 0 with the default hit rates) with unreachable_lo, unreachable_hi, and n (the
+    base-unrealized questions).
+    """
+    _require(fates_df, ("question_id", "d_base", "o_base", "hits_base", "K_base", "d_trained"), "fates")
+    unrealized = fates_df[~fates_df["d_base"].astype(bool)]
+    if hit_rate is None:
+        p = (unrealized["hits_base"] / unrealized["K_base"]).to_numpy(dtype=np.float64)
+    else:
+        rates = pd.Series(hit_rate, dtype=np.float64)
+        missing = sorted(set(unrealized["question_id"]) - set(rates.index))
+        if missing:
+            raise ValueError(f"hit_rate lacks {len(missing)} base-unrealized questions, e.g. {missing[:5]}")
+        p = rates.loc[unrealized["question_id"]].to_numpy(dtype=np.float64)
+    reachable = unrealized["o_base"].astype(bool).to_numpy()
+    gained = unrealized["d_trained"].astype(bool).to_numpy()
+    lo, hi = poisson_binomial_interval(p[reachable], level)
+    u_lo, u_hi = poisson_binomial_interval(p[~reachable], level)
+    return {"observed": int((gained & reachable).sum()), "observed_unreachable": int((gained & ~reachable).sum()),
+            "expected": float(p[reachable].sum()), "lo": lo, "hi": hi,
+            "expected_unreachable": float(p[~reachable].sum()), "unreachable_lo": u_lo, "unreachable_hi": u_hi,
+            "n": int(len(unrealized))}
+
+
+def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, ks: Sequence[int],
+              n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Where a base's reach@k curve meets a trained checkpoint's, from per-question curves [n questions, len(ks)]
+    of the same questions in the same order (e.g. pass_at_k per question; reach@k is their column mean).
+
+    k_cross: the smallest k (of ``ks``, increasing) at which base reach@k >= trained reach@k (up to 1e-12), where
+    the base overtakes (ks[0] when the trained checkpoint is never ahead); None when the trained one stays ahead at
+    every k.
+    k_min_gap: the k of the smallest gap trained - base (the first such k on ties), min_gap that gap, and lo, hi
+    its paired question-bootstrap ``level`` interval at that k (questions resampled jointly for both checkpoints;
+    k_min_gap is not re-chosen per resample).
+    """
+    b = np.asarray(base_per_question, dtype=np.float64)
+    t = np.asarray(trained_per_question, dtype=np.float64)
+    ks = [int(k) for k in ks]
+    if b.ndim != 2 or b.shape != t.shape or b.shape[1] != len(ks) or len(b) == 0:
+        raise ValueError(f"base {b.shape} and trained {t.shape} must be one [n >= 1, len(ks) = {len(ks)}] shape")
+    if any(a >= c for a, c in zip(ks, ks[1:])):
+        raise ValueError(f"ks {ks[:10]} must increase")
+    diff = t - b  # [n, k]
+    gap = diff.mean(axis=0)
+    behind = np.flatnonzero(gap <= 1e-12)  # base >= trained, up to the rounding of two means of equal values
+    j = int(np.argmin(gap))
+    n = len(diff)
+    weights = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)  # [n_boot, n]
+    lo, hi = np.quantile(weights @ diff[:, j] / n, [(1 - level) / 2, (1 + level) / 2])
+    return {"k_cross": int(ks[behind[0]]) if len(behind) else None, "k_min_gap": ks[j], "min_gap": float(gap[j]),
+            "lo": float(lo), "hi": float(hi)}
+
+
 def realization_by_hit_rate_bin(base: pd.DataFrame, trained: pd.DataFrame,
                                 bins: Sequence[float] | None = None, n_perm: int = 10000,
                                 seed: int = 0) -> pd.DataFrame:

@@ -602,8 +602,11 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str | None = None,
                     title: str = "Fates of questions, base -> trained") -> Figure:
     """Figure 6a from `rlvr.tables.fates_table` rows (+ T): per pair, counts of gains from base-reachable and
     base-unreachable questions, losses (drawn below 0) and the net deployed change (left); entered and left the
-    reachable set and their net (right). A ``<column>_expected`` column (with ``_lo``, ``_hi``) draws that count's
-    chance baseline as a black tick with its permutation interval."""
+    reachable set and their net (right). Beside a count's bar, its nulls with their 95% intervals: a
+    ``<column>_expected`` column (with ``_lo``, ``_hi``) as a black tick left of the bar's centre (independence
+    of gaining and base reachability; permutation interval), a ``<column>_expected_resampling`` column (with
+    ``_lo``, ``_hi``) as a hollow purple diamond on a dashed bar right of it (the trained greedy answer one of the
+    base's samples; Poisson-binomial interval). The legend, under each panel, names both."""
     need = ("pair", "n", "K", "T", "gains_from_reachable", "gains_from_unreachable", "losses", "net_deployed_change",
             "entered_reachable", "left_reachable", "net_reachable_change")
     _require(df, need, "rlvr fates")
@@ -617,6 +620,11 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str | None = None,
                      ("left_reachable", -1, "left reachable set", "tab:orange"),
                      ("net_reachable_change", 1, "net reachable change", "black")], "questions (reachable at K)"))
     fig.subplots_adjust(wspace=0.35)
+    # a count's nulls beside its bar: (column suffix, x shift in bar widths, marker style, interval line, legend)
+    nulls = (("expected", -0.25, dict(fmt="_", ms=14, mew=2, color="black"), "-",
+              "null: gains ignore base reachability (independence; 95%)"),
+             ("expected_resampling", 0.25, dict(fmt="D", ms=6, mew=1.5, mfc="none", color="tab:purple"), "--",
+              "null: trained greedy = one base sample (resampling; 95%)"))
     x = np.arange(len(df))
     for ax, series, ylabel in panels:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -626,17 +634,24 @@ def plot_rlvr_fates(df: pd.DataFrame, path: Path | str | None = None,
             bars = ax.bar(x + (j - (len(series) - 1) / 2) * width, y, width, color=color, label=label)
             ax.bar_label(bars, labels=[f"{int(v):+d}" if col.startswith("net") else f"{int(abs(v))}" for v in y],
                          fontsize=7, padding=1)
-            if f"{col}_expected" in df.columns:  # the chance baseline: gains independent of base reachability
-                e = df[f"{col}_expected"].to_numpy(dtype=float)
-                err = np.vstack([e - df[f"{col}_expected_lo"].to_numpy(dtype=float),
-                                 df[f"{col}_expected_hi"].to_numpy(dtype=float) - e])
-                ax.errorbar(x + (j - (len(series) - 1) / 2) * width, e, yerr=err, fmt="_", ms=14, mew=2,
-                            color="black", capsize=3, label="expected if gains ignored base reachability (95%)")
+            at = x + (j - (len(series) - 1) / 2) * width
+            for null, shift, style, bar_ls, null_label in nulls:
+                if f"{col}_{null}" not in df.columns:
+                    continue
+                e = sign * df[f"{col}_{null}"].to_numpy(dtype=float)
+                lo, hi = (sign * df[f"{col}_{null}_{b}"].to_numpy(dtype=float) for b in ("lo", "hi"))
+                drawn = ax.errorbar(at + shift * width, e, yerr=np.vstack([e - np.minimum(lo, hi),
+                                                                         np.maximum(lo, hi) - e]),
+                                    capsize=3, label=null_label, **style)
+                drawn[2][0].set_linestyle(bar_ls)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, [f"{p}\n(n = {int(n)})" for p, n in zip(df["pair"], df["n"])], fontsize=8)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: the bars reach the top
+        entries = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # each null once, though beside several bars
+        names = sorted(entries, key=lambda name: name.startswith("null:"))  # the bars, then the nulls
+        ax.legend([entries[name] for name in names], names, fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16))  # below: the bars reach the top
     fig.suptitle(f"{title} ({_protocol_note(df)})", fontsize=10)
     return _finish(fig, path)
 
@@ -825,6 +840,56 @@ def plot_rlvr_training(log: pd.DataFrame, path: Path | str | None = None, title:
     ax.grid(alpha=0.3)
     legend_outside(ax, fontsize=8)
     ax.set_title(f"{title}\n({int(g['step'].max())} steps)", fontsize=10)
+    return _finish(fig, path)
+
+
+def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: Path | str | None = None,
+                           title: str = "reach@k, base vs trained") -> Figure:
+    """reach@k of each lineage from `rlvr.tables.reach_curves` (checkpoint, k, reach, lo, hi, n, K; + T optional)
+    and `rlvr.tables.crossovers` (pair, base, K, k_cross, k_min_gap, min_gap, min_gap_lo, min_gap_hi): one panel
+    per (base, trained) pair, stacked, each with the base's curve (black) and the trained one's (one colour per
+    pair, `CHECKPOINT_COLORS`) and their 95% question-bootstrap bands on a log k axis (base 2). The k where the
+    base overtakes is a dashed red line; when the trained curve stays ahead up to K the panel title says "no
+    crossover up to K = .." and a dotted line marks the k of the smallest gap (its value and paired 95% interval
+    in the legend). Each panel's legend sits right of it, off the data."""
+    _require(curves, ("checkpoint", "k", "reach", "lo", "hi", "n", "K"), "rlvr reach curves")
+    _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi"),
+             "rlvr crossovers")
+    fig = Figure(figsize=(9.0, 2.9 * len(crossings) + 0.9))
+    axes = fig.subplots(len(crossings), 1, squeeze=False)[:, 0]
+    fig.subplots_adjust(right=0.64, hspace=0.45, top=1 - 0.75 / (2.9 * len(crossings) + 0.9))
+    for i, (ax, (_, row)) in enumerate(zip(axes, crossings.iterrows())):
+        tops = []
+        for label, color, role in ((row["base"], "black", "base"),
+                                   (row["pair"], CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)], "trained")):
+            g = curves[curves["checkpoint"] == label].sort_values("k")
+            if len(g) == 0:
+                raise ValueError(f"rlvr reach curves: no curve for checkpoint {label!r} (has "
+                                 f"{list(dict.fromkeys(curves['checkpoint']))})")
+            ax.plot(g["k"], g["reach"], marker="o", ms=2, lw=1.3, color=color, label=f"{label} ({role})")
+            ax.fill_between(g["k"], g["lo"], g["hi"], color=color, alpha=0.15, lw=0)
+            tops.append(g["hi"])
+        K = int(row["K"])
+        if pd.isna(row["k_cross"]):
+            ax.axvline(row["k_min_gap"], color="gray", ls=":", lw=1.2,
+                       label=f"smallest gap, k = {int(row['k_min_gap'])}:\n{100 * row['min_gap']:+.1f} pp "
+                             f"[{100 * row['min_gap_lo']:+.1f}, {100 * row['min_gap_hi']:+.1f}]")
+            head = f"{row['pair']}: no crossover up to K = {K}"
+        else:  # k_cross = 1: the trained curve is never ahead
+            what = "base overtakes at" if row["k_cross"] > 1 else "base at or above it from"
+            ax.axvline(row["k_cross"], color="tab:red", ls="--", lw=1.2, label=f"{what} k = {int(row['k_cross'])}")
+            head = f"{row['pair']}: {what} k = {int(row['k_cross'])} (of K = {K})"
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylim(0, data_top(*tops))
+        ax.set_ylabel("reach@k")
+        ax.grid(alpha=0.3)
+        ax.set_title(head, fontsize=9)
+        legend_outside(ax, fontsize=8)
+    axes[-1].set_xlabel("k (samples, of K)")
+    note = f", T = {float(curves['T'].iloc[0]):g}" if "T" in curves.columns else ""
+    fig.suptitle(f"{title}\n(n = {_n(curves['n'])}, K = {_n(curves['K'])}{note}; unbiased pass@k, "
+                 "95% question-bootstrap bands)", fontsize=10)
     return _finish(fig, path)
 
 

@@ -167,6 +167,116 @@ def test_fates_refuse_records_of_another_K():
         audit.fates(base, table([("a", 0, 1)], K=8))
 
 
+def test_resampling_null_by_hand():
+    # the base-unrealized questions of CASES: gain_reach (2 of 4 hits: p = 0.5) and left (1 of 4: p = 0.25) are
+    # base-reachable; gain_unreach, stable_u, entered have no hit (p = 0)
+    assert audit.poisson_binomial_pmf([0.5, 0.25, 0]).tolist() == pytest.approx([0.375, 0.5, 0.125, 0.0])
+    assert audit.poisson_binomial_interval([0.5, 0.25, 0]) == (0, 2)  # cdf 0.375, 0.875, 1
+    assert audit.poisson_binomial_interval([0.5, 0.25, 0], level=0.5) == (0, 1)  # the 25% and 75% quantiles
+    assert audit.poisson_binomial_interval([0.5] * 20) == (6, 14)  # Binomial(20, 1/2): cdf(5) = .021, cdf(14) = .979
+    assert audit.poisson_binomial_interval([]) == (0, 0)
+    base, trained = pair()
+    null = audit.gains_under_resampling(audit.fates(base, trained))
+    assert (null["observed"], null["observed_unreachable"], null["n"]) == (1, 1, 5)
+    assert null["expected"] == pytest.approx(0.75) and (null["lo"], null["hi"]) == (0, 2)
+    assert null["expected_unreachable"] == 0 and (null["unreachable_lo"], null["unreachable_hi"]) == (0, 0)
+    row = tables.fates_table({"rl": (base, trained)}).iloc[0]
+    assert row.gains_from_reachable_expected_resampling == pytest.approx(0.75)
+    assert (row.gains_from_reachable_expected_resampling_lo, row.gains_from_reachable_expected_resampling_hi) == (0, 2)
+    assert row.gains_from_unreachable_expected_resampling == 0 and row.resampling_samples == 4
+    assert row.gains_from_unreachable_expected_resampling_hi == 0
+
+
+def test_resampling_null_with_the_base_hit_rate_over_2K_samples():
+    # 8 base samples, fates at K = 4 (the first 4). early: 2 of 8 (both in the first 4); late: 2 of 8, none in the
+    # first 4 (base-unreachable at K = 4); rich: 6 of 8; real: base-realized (no null)
+    base = pd.DataFrame([record("early", 0, [1, 1, 0, 0, 0, 0, 0, 0], 8), record("late", 0, [0, 0, 0, 0, 1, 1, 0, 0], 8),
+                         record("rich", 0, [1] * 6 + [0, 0], 8), record("real", 1, [1] * 8, 8)])
+    trained = pd.DataFrame([record("early", 1, [1] * 8, 8), record("late", 1, [1] * 8, 8),
+                            record("rich", 0, [0] * 8, 8), record("real", 1, [1] * 8, 8)])
+    pairs = {"rl": (records_at(base, 4), records_at(trained, 4))}
+    row = tables.fates_table(pairs, base_samples=base).iloc[0]
+    assert (row.gains_from_reachable, row.gains_from_unreachable, row.resampling_samples) == (1, 1, 8)
+    # reachable: p = 0.25 (early) + 0.75 (rich); pmf [0.1875, 0.625, 0.1875]
+    assert row.gains_from_reachable_expected_resampling == pytest.approx(1.0)
+    assert (row.gains_from_reachable_expected_resampling_lo, row.gains_from_reachable_expected_resampling_hi) == (0, 2)
+    # late has a hit in samples 5-8: the null may gain it though it is unreachable at K = 4
+    assert row.gains_from_unreachable_expected_resampling == pytest.approx(0.25)
+    assert (row.gains_from_unreachable_expected_resampling_lo, row.gains_from_unreachable_expected_resampling_hi) == (0, 1)
+    # without base_samples the hit rate is over the first 4: early 2/4, rich 4/4, late 0
+    own = tables.fates_table(pairs).iloc[0]
+    assert own.gains_from_reachable_expected_resampling == pytest.approx(1.5) and own.resampling_samples == 4
+    assert own.gains_from_unreachable_expected_resampling == 0
+    with pytest.raises(ValueError, match="not its base"):
+        tables.fates_table(pairs, base_samples=trained)
+    with pytest.raises(ValueError, match="lack 1 of the pair's questions"):
+        tables.fates_table(pairs, base_samples=base.iloc[:3])
+
+
+def test_crossover_on_synthetic_curves():
+    ks = [1, 2, 4, 8, 16]
+    spread = np.array([[0.1, -0.1, 0.0, 0.0], [0.0, 0.0, 0.1, -0.1]])  # per-question offsets, mean 0 per column
+    def per_question(means, which):
+        return np.asarray(means)[None, :] + spread[which][:, None]  # [4 questions, 5 ks]
+    trained = per_question([0.5, 0.6, 0.7, 0.75, 0.8], 0)
+    # the base overtakes at k = 8: gaps trained - base 0.3, 0.2, 0.05, -0.05, -0.1
+    c = audit.crossover(per_question([0.2, 0.4, 0.65, 0.8, 0.9], 1), trained, ks, n_boot=500)
+    assert (c["k_cross"], c["k_min_gap"]) == (8, 16) and c["min_gap"] == pytest.approx(-0.1)
+    assert c["lo"] < -0.1 < c["hi"]
+    # equal reach counts as overtaken (base >= trained): gaps 0.3, 0.2, 0, 0.05, 0.1
+    tie = audit.crossover(per_question([0.2, 0.4, 0.7, 0.7, 0.7], 1), trained, ks, n_boot=100)
+    assert tie["k_cross"] == 4 and tie["k_min_gap"] == 4 and tie["min_gap"] == pytest.approx(0.0)
+    # the trained curve stays ahead: no crossover, the smallest gap 0.04 at k = 16, its interval around it
+    c = audit.crossover(per_question([0.1, 0.3, 0.55, 0.72, 0.86], 1), per_question([0.5, 0.6, 0.7, 0.8, 0.9], 0), ks,
+                        n_boot=500)
+    assert c["k_cross"] is None and c["k_min_gap"] == 16 and c["min_gap"] == pytest.approx(0.04)
+    assert c["lo"] < 0.04 < c["hi"] and c["hi"] - c["lo"] < 0.25
+    # the interval is the paired bootstrap of the gap at k = 16: per-question gaps 0.14, -0.06, -0.06, 0.14
+    gaps = np.array([0.14, -0.06, -0.06, 0.14])
+    w = np.random.default_rng(0).multinomial(4, np.full(4, 0.25), size=500)
+    assert (c["lo"], c["hi"]) == pytest.approx(tuple(np.quantile(w @ gaps / 4, [0.025, 0.975])))
+    # the trained curve is never ahead: the base is at or above it from the first k
+    assert audit.crossover(trained, trained - 0.1, ks, n_boot=10)["k_cross"] == 1
+    with pytest.raises(ValueError, match="one \\[n >= 1"):
+        audit.crossover(trained, trained[:, :3], ks)
+
+
+def reach_lineages():
+    """Records of 4 samples: base hits 1, 1, 1, 0 (reach@k = 3/4 * k/4); "cross" 4, 4, 0, 0 (reach 1/2 at every k:
+    the base overtakes at k = 3); "ahead" 4, 4, 4, 1 (reach 3/4 + k/16: ahead up to K)."""
+    def lineage(hits):
+        return table([(f"q{i}", 0, h) for i, h in enumerate(hits)])
+    return {"base": lineage([1, 1, 1, 0]), "cross": lineage([4, 4, 0, 0]), "ahead": lineage([4, 4, 4, 1])}
+
+
+def test_reach_curves_and_crossovers_from_records():
+    checkpoints = reach_lineages()
+    curves = tables.reach_curves(checkpoints, n_boot=200)
+    assert list(curves.columns) == ["checkpoint", "k", "reach", "lo", "hi", "n", "K"]
+    by = {c: g.set_index("k")["reach"] for c, g in curves.groupby("checkpoint")}
+    assert by["base"].tolist() == pytest.approx([0.1875, 0.375, 0.5625, 0.75])
+    assert by["cross"].tolist() == pytest.approx([0.5] * 4)
+    assert by["ahead"].tolist() == pytest.approx([0.8125, 0.875, 0.9375, 1.0])
+    assert ((curves.lo <= curves.reach + 1e-12) & (curves.reach <= curves.hi + 1e-12)).all()
+    cross = tables.crossovers(checkpoints, "base", n_boot=200).set_index("pair")
+    assert list(cross.index) == ["cross", "ahead"] and (cross.K == 4).all() and (cross.n == 4).all()
+    assert cross.loc["cross", "crossed"] and cross.loc["cross", "k_cross"] == 3
+    assert cross.loc["cross", "k_min_gap"] == 4 and cross.loc["cross", "min_gap"] == pytest.approx(-0.25)
+    assert not cross.loc["ahead", "crossed"] and pd.isna(cross.loc["ahead", "k_cross"])
+    assert cross.loc["ahead", "k_min_gap"] == 4 and cross.loc["ahead", "min_gap"] == pytest.approx(0.25)
+    assert cross.loc["ahead", "min_gap_lo"] <= 0.25 <= cross.loc["ahead", "min_gap_hi"]
+    assert (cross.loc["ahead", "reach_base_K"], cross.loc["ahead", "reach_trained_K"]) == pytest.approx((0.75, 1.0))
+    from reach_lens.rlvr.report import lineages
+
+    fates = tables.fates_table({p: (checkpoints["base"], checkpoints[p]) for p in ("cross", "ahead")})
+    lines = lineages(fates, cross.reset_index())
+    assert lines[0].startswith("- **cross**: the base's reach@k overtakes at k = 3 (of K = 4 samples)")
+    assert "no crossover up to K = 4 samples; smallest gap trained − base +25.0 pp" in lines[1]
+    assert all("if the trained greedy answer were one of the base's samples" in line for line in lines)
+    with pytest.raises(ValueError, match="not among the checkpoints"):
+        tables.crossovers(checkpoints, "missing")
+
+
 def test_records_at_and_budget_table():
     # 8 samples; the first 4 decide reachability at K = 4
     base = pd.DataFrame([record("a", 0, [0, 0, 0, 0, 1, 0, 0, 0], 8), record("b", 0, [1, 0, 0, 0, 0, 0, 0, 0], 8),
@@ -464,3 +574,68 @@ def test_propensity_figure_one_colour_per_checkpoint_legend_off_the_data():
     for ax in fig.axes:
         assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
 
+
+
+def test_fates_figure_draws_both_nulls_beside_the_bar():
+    from reach_lens import plots
+
+    base, trained = pair()
+    fates = tables.fates_table({"rl": (base, trained), "same": (base, base)}).assign(T=0.8)
+    fig = plots.plot_rlvr_fates(fates)
+    left = fig.axes[0]
+    nulls = {}
+    for c in left.containers:
+        if str(c.get_label()).startswith("null:"):
+            nulls.setdefault("independence" if "independence" in c.get_label() else "resampling", []).append(c)
+    independence, resampling = nulls["independence"], nulls["resampling"]
+    assert len(independence) == 1 and len(resampling) == 2  # resampling: beside both gains bars
+    assert independence[0].lines[0].get_ydata().tolist() == pytest.approx([0.8, 0.0])
+    assert independence[0].lines[0].get_marker() == "_"
+    reach, unreach = (r.lines[0] for r in resampling)
+    assert reach.get_ydata().tolist() == pytest.approx([0.75, 0.75])  # the base's hit rates: 2/4 + 1/4
+    assert unreach.get_ydata().tolist() == pytest.approx([0.0, 0.0])
+    assert reach.get_marker() == "D" and reach.get_markerfacecolor() == "none"
+    assert resampling[0].lines[2][0].get_linestyle()[0][1] is not None  # the interval is dashed
+    # both beside the first bar (gains from base-reachable), on either side of its centre
+    bar = left.patches[0]
+    centre = bar.get_x() + bar.get_width() / 2
+    assert independence[0].lines[0].get_xdata()[0] < centre < reach.get_xdata()[0] < bar.get_x() + bar.get_width()
+    # the intervals: the resampling bar runs 0..2 for each pair
+    segments = resampling[0].lines[2][0].get_segments()
+    assert [(s[0][1], s[1][1]) for s in segments] == [(0, 2), (0, 2)]
+    legend = left.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert sum("independence" in t for t in texts) == 1 and sum("resampling" in t for t in texts) == 1
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    assert not any(legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
+def test_reach_curve_figure_draws_each_curve_and_the_crossover(tmp_path):
+    from reach_lens import plots
+
+    checkpoints = reach_lineages()
+    curves = tables.reach_curves(checkpoints, n_boot=100).assign(T=0.8)
+    cross = tables.crossovers(checkpoints, "base", n_boot=100).assign(T=0.8)
+    fig = plots.plot_rlvr_reach_curves(curves, cross, tmp_path / "reach.png")
+    assert (tmp_path / "reach.png").exists() and len(fig.axes) == 2
+    for ax, pair_label in zip(fig.axes, ["cross", "ahead"]):
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        for label, role in (("base", "base"), (pair_label, "trained")):
+            g = curves[curves.checkpoint == label]
+            assert lines[f"{label} ({role})"].get_xdata().tolist() == g.k.tolist()
+            assert lines[f"{label} ({role})"].get_ydata().tolist() == pytest.approx(g.reach.tolist())
+        assert ax.get_xscale() == "log"
+    cross_ax, ahead_ax = fig.axes
+    assert cross_ax.get_title() == "cross: base overtakes at k = 3 (of K = 4)"
+    assert [ln.get_xdata()[0] for ln in cross_ax.get_lines() if ln.get_label().startswith("base overtakes")] == [3]
+    assert ahead_ax.get_title() == "ahead: no crossover up to K = 4"
+    gap = [ln for ln in ahead_ax.get_lines() if ln.get_label().startswith("smallest gap")]
+    assert len(gap) == 1 and gap[0].get_xdata()[0] == 4 and "+25.0 pp" in gap[0].get_label()
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent(renderer)
+        assert not any(box.overlaps(other.get_window_extent(renderer)) for other in fig.axes)
+    with pytest.raises(ValueError, match="no curve for checkpoint"):
+        plots.plot_rlvr_reach_curves(curves[curves.checkpoint != "ahead"], cross)

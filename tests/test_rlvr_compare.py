@@ -70,7 +70,28 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     assert len(set(prop["pair"])) == 2
     assert len(prop) == 2 * (2 + 3) and (prop["bin_hi"] * prop["K"] == prop["hits_hi"]).all()
     assert set(pd.read_csv(summary / "table8_format_transfer.csv").n) == {4}
-    assert len(list((tmp_path / "figures").glob("rlvr_*.png"))) == 4
+    # the resampling null beside independence: the base's hit rate over all its 2K = 4 samples
+    null = ["gains_from_reachable_expected_resampling", "gains_from_reachable_expected_resampling_lo",
+            "gains_from_reachable_expected_resampling_hi", "gains_from_unreachable_expected_resampling"]
+    assert set(null) <= set(fates.columns) and (fates.resampling_samples == 4).all()
+    assert (fates[null[1]] <= fates[null[0]]).all() and (fates[null[0]] <= fates[null[2]]).all()
+    assert (fates[null[0]] >= 0).all() and (fates[null[2]] <= 4).all()
+    # reach@k for k = 1..2K per checkpoint, and per trained checkpoint where the base's curve meets its own
+    curves = pd.read_csv(summary / "reach_curves.csv")
+    assert list(curves.columns) == ["checkpoint", "T", "k", "reach", "lo", "hi", "n", "K"]
+    assert {c: g.k.tolist() for c, g in curves.groupby("checkpoint")} == {c: [1, 2, 3, 4] for c in
+                                                                           ("base", "copy", "edited")}
+    assert ((curves.lo <= curves.reach + 1e-9) & (curves.reach <= curves.hi + 1e-9) & (curves.hi <= 1)).all()
+    assert (curves.groupby("checkpoint").reach.diff().dropna() >= -1e-12).all()  # reach@k never falls with k
+    cross = pd.read_csv(summary / "crossover.csv").set_index("pair")
+    assert set(cross.index) == {"copy", "edited"} and (cross.base == "base").all() and (cross.K == 4).all()
+    assert {"T", "n", "crossed", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi"} <= set(cross.columns)
+    copy = cross.loc["copy"]  # the same curves: the base is level from k = 1, the gap 0 everywhere
+    assert copy.crossed and copy.k_cross == 1 and copy.min_gap == 0 and copy.min_gap_lo == copy.min_gap_hi == 0
+    assert (cross.crossed == cross.k_cross.notna()).all() and cross.k_min_gap.between(1, 4).all()
+    assert "Per lineage" in (summary / "summary.md").read_text()
+    assert len(list((tmp_path / "figures").glob("rlvr_*.png"))) == 5
+    assert len(list((tmp_path / "figures").glob("rlvr_reach_curves_*.png"))) == 1
 
     def fail(*a, **k):
         pytest.fail("a resumed run generated again")

@@ -1,7 +1,7 @@
 """The RLVR study's tables as the markdown of its ``summary.md``: intervals beside every rate, each multiple-choice
 oracle beside the uniform guesser's floor.
 
-    text = report(t5, fates, t6, t7, t8, prop, K=4, T=0.8, fmt="native", control_fmt="shared")
+    text = report(t5, fates, t6, t7, t8, prop, K=4, T=0.8, fmt="native", control_fmt="shared", crossings=cross)
 """
 from __future__ import annotations
 
@@ -34,9 +34,44 @@ def _pp(row, m: str) -> str:
     return f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
 
 
-def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str, reference: str = "") -> str:
+def _crossing(r) -> str:
+    """One lineage's reach@k crossover (a `tables.crossovers` row) in words."""
+    if not pd.isna(r.k_cross) and r.k_cross == 1:
+        return f"the base's reach@k is at or above the trained one's from k = 1 (of K = {int(r.K)} samples)"
+    if not pd.isna(r.k_cross):
+        return f"the base's reach@k overtakes at k = {int(r.k_cross)} (of K = {int(r.K)} samples)"
+    return (f"no crossover up to K = {int(r.K)} samples; smallest gap trained − base {100 * r.min_gap:+.1f} pp "
+            f"[{100 * r.min_gap_lo:+.1f}, {100 * r.min_gap_hi:+.1f}] at k = {int(r.k_min_gap)}")
+
+
+def _nulls(r) -> str:
+    """A `tables.fates_table` row's gains from base-reachable questions against both nulls."""
+    text = (f"gains from base-reachable questions {r.gains_from_reachable} against "
+            f"{r.gains_from_reachable_expected:.1f} [{r.gains_from_reachable_expected_lo:.0f}, "
+            f"{r.gains_from_reachable_expected_hi:.0f}] if gaining ignored base reachability (independence)")
+    if "gains_from_reachable_expected_resampling" in r.index:
+        text += (f" and {r.gains_from_reachable_expected_resampling:.1f} "
+                 f"[{r.gains_from_reachable_expected_resampling_lo:.0f}, "
+                 f"{r.gains_from_reachable_expected_resampling_hi:.0f}] if the trained greedy answer were one of "
+                 f"the base's samples (resampling, base hit rate over {int(r.resampling_samples)} samples); from "
+                 f"base-unreachable {r.gains_from_unreachable}, resampling expects "
+                 f"{r.gains_from_unreachable_expected_resampling:.1f}")
+    return text
+
+
+def lineages(fates, crossings=None) -> list[str]:
+    """Per lineage, one line: its reach@k crossover (``crossings``: `tables.crossovers`) and its gains from
+    base-reachable questions against both nulls (`tables.fates_table`)."""
+    cross = {} if crossings is None else {r.pair: r for _, r in crossings.iterrows()}
+    return [f"- **{r.pair}**: " + "; ".join(([_crossing(cross[r.pair])] if r.pair in cross else []) + [_nulls(r)])
+            + "." for _, r in fates.iterrows()]
+
+
+def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str, reference: str = "",
+           crossings=None) -> str:
     """The tables (``reach_lens.rlvr.tables``) as markdown, every oracle beside its guessing floor; ``reference``
-    (the paper's figures to read them against) follows Table 5."""
+    (the paper's figures to read them against) follows Table 5; ``crossings`` (`tables.crossovers`) adds each
+    lineage's reach@k crossover to the per-lineage lines after Figure 6a."""
     lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes by "
              "paired bootstrap)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | "
              "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
@@ -54,6 +89,10 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
         lines.append(f"| {r.pair} | {gains} | {r.gains_from_reachable} | {r.gains_from_reachable_expected:.1f} "
                      f"[{r.gains_from_reachable_expected_lo:.0f}, {r.gains_from_reachable_expected_hi:.0f}] | "
                      f"{r.gains_from_unreachable} | {r.losses} | {r.entered_reachable} | {r.left_reachable} |")
+    lines += ["", "Per lineage: reach@k over all samples (unbiased pass@k; the smallest gap with its paired "
+              "question-bootstrap 95% interval), and gains from base-reachable questions against two nulls "
+              "(independence: 95% permutation interval; resampling: question i gained with probability its base "
+              "hit rate, 95% exact Poisson-binomial interval):", "", *lineages(fates, crossings)]
     lines += ["", f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
               "| pair | K | floor | base O | trained O | O_base − O_trained | base O−D | trained O−D | Δn_reachable | "
               "base / trained reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -1,10 +1,12 @@
 """The study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
 
     table5({"grpo": (base_K, grpo_K)}, floor)      # per pair: n, K, D/O of both, delta n_reachable
-    fates_table({"grpo": (base_K, grpo_K)})         # Figure 6a's counts
+    fates_table({"grpo": (base_K, grpo_K)}, base_samples=base_2K)   # Figure 6a's counts and their two nulls
     propensity({"grpo": (base, grpo)})              # Figure 7: realization by base hit-rate bin
     table6({"grpo": (base_2K, grpo_2K)}, K, m)      # budget control: K and 2K from one set of 2K samples
     table7({"base": base_2K, "grpo": ...}, K, m)    # lineage: deployed, majority vote, oracle
+    reach_curves({"base": base_2K, "grpo": ...})    # reach@k, k = 1..2K, per checkpoint
+    crossovers({"base": base_2K, "grpo": ...}, "base")   # where the base's reach@k overtakes each trained one's
     table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format transfer
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
@@ -58,11 +60,26 @@ def table5(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequ
     return pd.DataFrame(rows)
 
 
-def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: int = 0) -> pd.DataFrame:
+def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: int = 0,
+                base_samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """Figure 6a: per pair, gains from base-reachable and from base-unreachable questions, losses, the net
     deployed change (gains - losses, = trained - base realized count), entered and left the reachable set, and
-    the chance baseline of the first: ``gains_from_reachable_expected`` (what independence of gaining and base
-    reachability would give) with its 95% permutation interval (``_lo``, ``_hi``; `audit.gains_under_independence`)."""
+    two nulls for the gains from base-reachable questions:
+
+    independence: ``gains_from_reachable_expected`` (gaining independent of base reachability: the gains spread
+    over the base-unrealized questions in proportion to how many are reachable) with its 95% permutation interval
+    (``_lo``, ``_hi``; `audit.gains_under_independence`);
+    resampling: ``gains_from_reachable_expected_resampling`` (the trained greedy answer one draw from the base's
+    own samples: question i gained with probability p_i = its base hit rate; expected sum p_i over the
+    base-unrealized, base-reachable questions) with the 2.5% and 97.5% quantiles of the exact Poisson-binomial
+    count (``_lo``, ``_hi``; `audit.gains_under_resampling`), and ``gains_from_unreachable_expected_resampling``
+    (``_lo``, ``_hi``): sum p_i over the base-unreachable ones (0 when p is over the fates' own K samples).
+    ``resampling_samples``: the number of base samples p_i is a hit rate over.
+
+    ``base_samples``: the base's records over all its samples (e.g. 2K, of which each pair's base records hold
+    the first K; the same greedy answers), shared by every pair: p_i = hits / K of these. Default: each pair's
+    base records (p_i over the fates' K).
+    """
     rows = []
     for label, (base, trained) in pairs.items():
         f = audit.fates(base, trained)
@@ -74,8 +91,34 @@ def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: in
         chance = audit.gains_under_independence(f, seed=seed)
         row.update({"gains_from_reachable_expected": chance["expected"],
                     "gains_from_reachable_expected_lo": chance["lo"], "gains_from_reachable_expected_hi": chance["hi"]})
+        rates, samples = None, row["K"]
+        if base_samples is not None:
+            rates, samples = _hit_rates(base_samples, f, label)
+        null = audit.gains_under_resampling(f, rates)
+        for col, (mean, lo, hi) in (("gains_from_reachable", ("expected", "lo", "hi")),
+                                    ("gains_from_unreachable", ("expected_unreachable", "unreachable_lo",
+                                                                "unreachable_hi"))):
+            row.update({f"{col}_expected_resampling": null[mean], f"{col}_expected_resampling_lo": null[lo],
+                        f"{col}_expected_resampling_hi": null[hi]})
+        row["resampling_samples"] = samples
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _hit_rates(base_samples: pd.DataFrame, fates_df: pd.DataFrame, label: str) -> tuple[pd.Series, int]:
+    """The base's hit rate hits / K by question_id from its records over all samples, checked against a pair's
+    fates (every question present, the same greedy answer, at least the fates' K samples)."""
+    b = base_samples.set_index("question_id")
+    missing = sorted(set(fates_df["question_id"]) - set(b.index))
+    if missing:
+        raise ValueError(f"{label}: base_samples lack {len(missing)} of the pair's questions, e.g. {missing[:5]}")
+    b = b.loc[fates_df["question_id"]]
+    if (b["d"].astype(bool).to_numpy() != fates_df["d_base"].astype(bool).to_numpy()).any():
+        raise ValueError(f"{label}: base_samples' greedy answers differ from the pair's base records: not its base")
+    samples = audit._single_K(b)
+    if samples < int(fates_df["K_base"].max()):
+        raise ValueError(f"{label}: base_samples hold {samples} samples, fewer than the pair's K")
+    return b["hits"] / b["K"], samples
 
 
 def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
@@ -120,6 +163,57 @@ def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: in
                          "delta_n_reachable_hi": c["delta_n_reachable_hi"],
                          "reach_base_unbiased": _reach_at(base, k), "reach_trained_unbiased": _reach_at(trained, k)})
     return pd.DataFrame(rows)
+
+
+def _pass_at_ks(hits: np.ndarray, K: int, ks: Sequence[int]) -> np.ndarray:
+    """[n, len(ks)]: each question's unbiased pass@k (`audit.pass_at_k`) from its hit count of K samples."""
+    hits = np.asarray(hits, dtype=np.int64)
+    rows = {c: [audit.pass_at_k(K, int(c), k) for k in ks] for c in np.unique(hits)}
+    return np.array([rows[c] for c in hits], dtype=np.float64).reshape(len(hits), len(ks))
+
+
+def reach_curves(checkpoints: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """reach@k for k = 1..K (K: all of a checkpoint's samples) per checkpoint: the unbiased pass@k averaged over
+    questions with its question-bootstrap 95% band (`audit.reach_curve`). Columns: checkpoint, k, reach, lo, hi,
+    n, K."""
+    frames = []
+    for label, records in checkpoints.items():
+        curve = audit.reach_curve(records, n_boot=n_boot, seed=seed)
+        curve.insert(0, "checkpoint", label)
+        frames.append(curve)
+    return pd.concat(frames, ignore_index=True)
+
+
+def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot: int = 2000,
+               seed: int = 0) -> pd.DataFrame:
+    """Per trained checkpoint (every checkpoint but ``base_label``), where the base's reach@k curve meets its own
+    over k = 1..K (all samples; one K for both), on the questions both answered (`audit.fates`' join):
+    `audit.crossover` of their per-question unbiased pass@k.
+
+    Columns: pair, base, n, K, crossed (the base overtakes at some k <= K), k_cross (the smallest k with base
+    reach@k >= trained; empty when none), k_min_gap (the k of the smallest gap trained - base), min_gap,
+    min_gap_lo, min_gap_hi (its paired question-bootstrap 95% interval at that k), reach_base_K and
+    reach_trained_K (reach@K = O over all K samples).
+    """
+    if base_label not in checkpoints:
+        raise ValueError(f"base {base_label!r} is not among the checkpoints {list(checkpoints)}")
+    rows = []
+    for label, trained in checkpoints.items():
+        if label == base_label:
+            continue
+        f = audit.fates(checkpoints[base_label], trained)
+        K = int(f["K_base"].iloc[0])
+        ks = list(range(1, K + 1))
+        b, t = _pass_at_ks(f["hits_base"], K, ks), _pass_at_ks(f["hits_trained"], K, ks)
+        c = audit.crossover(b, t, ks, n_boot=n_boot, seed=seed)
+        rows.append({"pair": label, "base": base_label, "n": len(f), "K": K, "crossed": c["k_cross"] is not None,
+                     "k_cross": c["k_cross"], "k_min_gap": c["k_min_gap"], "min_gap": c["min_gap"],
+                     "min_gap_lo": c["lo"], "min_gap_hi": c["hi"], "reach_base_K": float(b[:, -1].mean()),
+                     "reach_trained_K": float(t[:, -1].mean())})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["k_cross"] = out["k_cross"].astype("Int64")
+    return out
 
 
 def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[int] | None) -> pd.DataFrame:
