@@ -495,7 +495,7 @@ def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Pa
                 ax.plot([x + dx - 0.1, x + dx + 0.1], [np.median(clean)] * 2, color=color, lw=2.5)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(1, color="gray", lw=0.8, ls=":")
-    handles = [Line2D([], [], ls="none", marker="s", color=colors[j % len(colors)], label=label)
+    handles = [Line2D([], [], color=colors[j % len(colors)], lw=5, label=label)  # colour: probe (shape: task)
                for j, (_, label) in enumerate(probes)]
     handles += [Line2D([], [], ls="none", marker=markers[c], color="black", mfc="none", label=c) for c in cells
                 if c is not None]
