@@ -123,15 +123,16 @@ def main(argv=None) -> int:
 
     name = protocols[0].model  # in run directories and figure names: two models' runs never share one
     out, tag = cli.summary_dir(args.out, protocols), f"{name}-n{args.n}-K{args.K}"
-    for name, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
-        df.to_csv(out / f"{name}.csv", index=False)
+    for file, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
+        df.to_csv(out / f"{file}.csv", index=False)
     figures = {out / f"selection_temperature_{m}_{t}_{tag}.png": plots.plot_temperature_gap(
         g, title=f"Oracle - majority vote vs T, {name}{'' if m == 'embedded' else f' ({m})'} / {t}")
         for (m, t), g in sweep.groupby(["model", "task"], sort=False)}
     figures[out / f"selection_recovery_{tag}-T{args.T:g}.png"] = plots.plot_recovery(
         recovery, [("routes", f"routes ({args.space}, {args.random_routes})"),
                    (f"T{args.T:g}", f"samples, T={args.T:g}")], title=f"Answer-blind recovery, {name}")
-    figures[out / f"selection_gap_vs_temperature_{tag}.png"] = plots.plot_selection_gap(sweep)
+    figures[out / f"selection_gap_vs_temperature_{tag}.png"] = plots.plot_selection_gap(
+        sweep, title=f"Selection gap of temperature samples, {name}")
     cli.publish(args.figures, figures)
 
     print(f"recovery at K={args.K}, median over clean cells where oracle > greedy:\n"

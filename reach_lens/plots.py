@@ -157,7 +157,7 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str | None = None, tit
 
 def plot_temperature_gap(df: pd.DataFrame, path: Path | str | None = None,
                          title: str = "Selection gap vs temperature") -> Figure:
-    """Left: deployed D, vote@K and oracle O_K vs T (Wilson bands); right: selection gap O_K - vote@K vs T (paired bootstrap band).
+    """Left: deployed D, vote@K and oracle O_K vs T (Wilson bars, side by side); right: selection gap O_K - vote@K vs T (paired bootstrap band).
 
     Rows are `{"T": T, **audit.summarize(records)}`; with multiple choice, columns `guess_O` (the uniform
     guesser's O_K) and `guess_D` (its 1/m) draw the floors: O_K on the left, O_K - 1/m (the gap a guesser's
@@ -169,11 +169,12 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str | None = None,
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
     K = int(df["K"].max())
-    _band(ax1, df["T"], df, "O", f"oracle O_{K}", "tab:green")
-    _band(ax1, df["T"], df, "vote", f"majority vote@{K}", "tab:orange")
-    _band(ax1, df["T"], df, "D", "deployed D (greedy)", "black")
+    step = 0.012 * max(float(np.ptp(df["T"])), 0.5)  # three series' bars side by side, not blended bands
+    _bars(ax1, df["T"] - step, df, "O", f"oracle O_{K}", "tab:green")
+    _bars(ax1, df["T"], df, "vote", f"majority vote@{K}", "tab:orange", marker="s")
+    _bars(ax1, df["T"] + step, df, "D", "deployed D (greedy)", "black", marker="D")
     ax1.set_ylabel("share of questions correct")
-    ax1.set_ylim(0, 1.02)
+    ax1.set_ylim(0, data_top(df["O_hi"], df["vote_hi"], df["D_hi"], df["guess_O"] if "guess_O" in df else []))
     _band(ax2, df["T"], df, "selection_gap", f"O_{K} - vote@{K}", "tab:purple")
     if "guess_O" in df.columns and np.isfinite(float(df["guess_O"].iloc[0])):
         floor, per_option = float(df["guess_O"].iloc[0]), float(df["guess_D"].iloc[0])
@@ -510,7 +511,8 @@ def plot_recovery(rec: pd.DataFrame, probes: Sequence[tuple[str, str]], path: Pa
     return _finish(fig, path)
 
 
-def plot_selection_gap(sweep: pd.DataFrame, path: Path | str | None = None) -> Figure:
+def plot_selection_gap(sweep: pd.DataFrame, path: Path | str | None = None,
+                       title: str = "Selection gap of temperature samples") -> Figure:
     """Oracle - majority vote vs temperature, one line with its paired-bootstrap band per model x task cell.
 
     Columns: model, task, T, n, K, selection_gap, selection_gap_lo, selection_gap_hi (rows of `audit.summarize`);
@@ -534,7 +536,7 @@ def plot_selection_gap(sweep: pd.DataFrame, path: Path | str | None = None) -> F
     ax.set_ylabel("O_K - majority vote@K (share of questions)")
     ax.grid(alpha=0.3)
     legend_outside(ax, fontsize=7)
-    ax.set_title(f"Selection gap of temperature samples, K = {_n(sweep.K)} (95% paired bootstrap bands)", fontsize=9)
+    ax.set_title(f"{title}, K = {_n(sweep.K)} (95% paired bootstrap bands)", fontsize=9)
     return _finish(fig, path)
 
 

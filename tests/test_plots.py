@@ -98,10 +98,14 @@ def test_plot_temperature_gap(tmp_path, drawn):
     plots.plot_temperature_gap(df, tmp_path / "t.png")
     left, right = drawn["t.png"].axes
     df = df.sort_values("T")
-    for label, column in (("oracle O_8", "O"), ("majority vote@8", "vote"), ("deployed D (greedy)", "D")):
-        ln = line(left, label)
-        np.testing.assert_allclose(ln.get_xdata(), df["T"])
-        np.testing.assert_allclose(ln.get_ydata(), df[column])
+    bars = {c.get_label(): c for c in left.containers if isinstance(c, ErrorbarContainer)}
+    for (label, column), dx in zip((("oracle O_8", "O"), ("majority vote@8", "vote"), ("deployed D (greedy)", "D")),
+                                   (-0.012, 0.0, 0.012)):
+        ln = bars[label].lines[0]
+        np.testing.assert_allclose(np.asarray(ln.get_xdata(), dtype=float), df["T"] + dx)  # side by side
+        np.testing.assert_allclose(np.asarray(ln.get_ydata(), dtype=float), df[column])
+        segments = bars[label].lines[2][0].get_segments()
+        np.testing.assert_allclose([seg[:, 1] for seg in segments], df[[f"{column}_lo", f"{column}_hi"]].to_numpy())
     np.testing.assert_allclose(line(right, "O_8 - vote@8").get_ydata(), df.selection_gap)
 
 
