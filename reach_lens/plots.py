@@ -221,7 +221,7 @@ def plot_census(df: pd.DataFrame, path: Path | str | None = None,
     handles += [Line2D([], [], ls="none", marker=markers[t], color="black", fillstyle="none", label=t)
                 for t in tasks if t is not None]
     if "chance" in df:
-        for j, (chance, g) in enumerate(df.groupby("chance", sort=True)):
+        for j, (chance, g) in enumerate(df.groupby(df["chance"].round(2), sort=True)):  # ARC's 3-5 options: ~25%
             style = dict(color=("tab:blue", "tab:purple", "tab:brown", "tab:olive")[j % 4], lw=1.0, ls=":", zorder=1)
             ax.axvline(chance, **style)
             ax.axhline(chance, **style)
