@@ -129,3 +129,11 @@ def embedded_model() -> HookedTransformer:
     from reach_lens.models import load_model
 
     return load_model()
+
+
+def legends_off_data(fig) -> bool:
+    """No legend of a drawn (saved) matplotlib figure overlaps the data area of any of its axes."""
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    frames = [ax.get_window_extent(renderer) for ax in fig.axes]
+    return all(not legend.get_window_extent(renderer).overlaps(frame) for legend in legends for frame in frames)

@@ -7,20 +7,14 @@ from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgba
 from matplotlib.container import BarContainer, ErrorbarContainer
 
+from conftest import legends_off_data
+
 from reach_lens import plots
 from reach_lens.audit import breakage_rate, reach_curve, repair_rate, summarize
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def legends_off_data(fig):
-    """No legend of the figure overlaps the data area of any of its axes (checked on the rendered figure)."""
-    renderer = fig.canvas.get_renderer()
-    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
-    frames = [ax.get_window_extent(renderer) for ax in fig.axes]
-    return all(not legend.get_window_extent(renderer).overlaps(frame) for legend in legends for frame in frames)
 
 
 @pytest.fixture

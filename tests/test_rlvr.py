@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import legends_off_data
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from reach_lens import audit
@@ -409,7 +410,9 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
 
     def capture(fig, path):
         drawn[Path(path).stem] = fig
-        return save(fig, path)
+        out = save(fig, path)
+        assert legends_off_data(fig), f"{path}: a legend lies over an axes' data area"
+        return out
 
     monkeypatch.setattr(plots, "save", capture)
 
