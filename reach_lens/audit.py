@@ -189,7 +189,7 @@ def gap_table_row(summary: Mapping) -> dict:
     said_not_reached) and format_failure_rate."""
     return {"n": int(summary["n"]), "K": int(summary["K"]),
             **{f"{name}{s}": summary[f"{key}{s}"] for name, key in GAP_COLUMNS for s in ("", "_lo", "_hi")},
-            "reached_not_said": summary["reached_not_said"], "said_not_reached": summary["said_not_reached"],
+            "reached_not_said": int(summary["reached_not_said"]), "said_not_reached": int(summary["said_not_reached"]),
             "format_failure_rate": summary["format_failure_rate"]}
 
 

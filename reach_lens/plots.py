@@ -168,6 +168,7 @@ def plot_temperature_gap(df: pd.DataFrame, path: Path | str | None = None,
     df = df.sort_values("T")
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
+    fig.subplots_adjust(wspace=0.32)  # room for the right panel's axis label
     K = int(df["K"].max())
     step = 0.012 * max(float(np.ptp(df["T"])), 0.5)  # three series' bars side by side, not blended bands
     _bars(ax1, df["T"] - step, df, "O", f"oracle O_{K}", "tab:green")
