@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.audit import wilson_interval
 from reach_lens.records import RECORD_COLUMNS
 
 Candidate = Mapping[str, object]
@@ -142,20 +141,8 @@ if not set(_READ) <= set(RECORD_COLUMNS):  # a renamed record column fails here,
                       "reach_lens.records no longer defines")
 
 
-def accuracy_row(greedy: Sequence[bool], oracle: Sequence[bool], selected: Sequence[bool]) -> dict:
-    """n and the accuracies of one cell and selector from per-question correctness [n]: greedy (D), oracle (O_K)
-    and selector_acc, each with its Wilson 95% interval (``_lo``/``_hi``), and the recovery they give."""
-    out: dict = {"n": len(greedy)}
-    for name, values in (("greedy", greedy), ("oracle", oracle), ("selector_acc", selected)):
-        hits = int(np.sum(np.asarray(values, dtype=bool)))
-        lo, hi = wilson_interval(hits, len(values))
-        out |= {name: hits / len(values), f"{name}_lo": lo, f"{name}_hi": hi}
-    return out | {"recovery": recovery(out["selector_acc"], out["greedy"], out["oracle"])}
-
-
 def recovery_table(records: pd.DataFrame, selectors: Mapping[str, Selector], by: Sequence[str] = ()) -> pd.DataFrame:
-    """Per cell (groups of `by`; the whole table if empty) and selector: n, K, greedy (D), oracle (O_K), selector
-    accuracy (each with Wilson 95% ``_lo``/``_hi``), recovery.
+    """Per cell (groups of `by`; the whole table if empty) and selector: n, K, greedy (D), oracle (O_K), selector accuracy, recovery.
 
     `records` are `reach_lens.records` rows (columns d, o, K, candidates are read). A selector's pick is correct
     when the chosen candidate's `correct` is true.
@@ -175,6 +162,7 @@ def recovery_table(records: pd.DataFrame, selectors: Mapping[str, Selector], by:
         greedy, oracle = float(g["d"].mean()), float(g["o"].mean())
         for name, select in selectors.items():
             picked = [bool(cands[select(cands)]["correct"]) for cands in g["candidates"]]
-            row = accuracy_row(g["d"], g["o"], picked)
-            rows.append({**cell, "selector": name, "n": row.pop("n"), "K": ks[0], **row})
+            acc = float(np.mean(picked))
+            rows.append({**cell, "selector": name, "n": len(g), "K": ks[0], "greedy": greedy,
+                         "oracle": oracle, "selector_acc": acc, "recovery": recovery(acc, greedy, oracle)})
     return pd.DataFrame(rows)

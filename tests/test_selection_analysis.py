@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reach_lens.audit import curve_band, pass_at_k, reach_curve
+from reach_lens.audit import curve_band, pass_at_k, reach_curve, wilson_interval
 from reach_lens.records import make_record
 from reach_lens.routing import analysis
 from reach_lens.select import SELECTORS, majority_vote
@@ -55,6 +55,13 @@ def test_cell_recovery_adds_the_learned_router_to_the_route_probe():
     r = rows[rows.selector == analysis.ROUTER].iloc[0]
     assert (r.selector_acc, r.greedy, r.oracle, r.recovery) == pytest.approx((2 / 3, 0.0, 1.0, 2 / 3))
     assert not r.collapsed and rows[rows.probe == "T0.8"].collapsed.all()
+    # every share carries its Wilson interval, the router's row too, each right after its column
+    assert (r.selector_acc_lo, r.selector_acc_hi) == wilson_interval(2, 3)
+    assert (r.greedy_lo, r.greedy_hi, r.oracle_lo, r.oracle_hi) == (*wilson_interval(0, 3), *wilson_interval(3, 3))
+    for _, row in rows.iterrows():
+        assert (row.greedy_lo, row.greedy_hi) == wilson_interval(round(row.greedy * row.n), row.n)
+    columns = list(rows.columns)
+    assert columns[columns.index("greedy"):columns.index("greedy") + 3] == ["greedy", "greedy_lo", "greedy_hi"]
 
 
 def test_found_in_reads_route_candidates():

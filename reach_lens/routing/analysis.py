@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from reach_lens.audit import bootstrap_ci, wilson_band, wilson_interval
-from reach_lens.select import accuracy_row, majority_vote, recovery_table
+from reach_lens.select import majority_vote, recovery, recovery_table
 
 TABLE1_SPACE = "skip_repeat"
 POOLED = "all questions pooled"
@@ -222,20 +222,34 @@ def format_failure_rate(records: pd.DataFrame) -> float:
     return float(records["format_failures"].sum() / records["K"].sum())
 
 
+def with_wilson(rec: pd.DataFrame) -> pd.DataFrame:
+    """Recovery rows with the Wilson 95% interval of each share of n questions (greedy, oracle, selector_acc) in
+    ``<column>_lo`` / ``<column>_hi`` right after it."""
+    out = rec.copy()
+    for column in ("greedy", "oracle", "selector_acc"):
+        bounds = np.array([wilson_interval(int(round(v * n)), int(n)) for v, n in zip(out[column], out["n"])])
+        at = out.columns.get_loc(column) + 1
+        out.insert(at, f"{column}_lo", bounds[:, 0])
+        out.insert(at + 1, f"{column}_hi", bounds[:, 1])
+    return out
+
+
 def recovery_rows(records: pd.DataFrame, selectors: Mapping, collapse_threshold: float = 0.5) -> pd.DataFrame:
-    """`select.recovery_table` of one cell's records, with the cell's ``format_failure_rate`` and ``collapsed``
-    (that rate above ``collapse_threshold``)."""
+    """`select.recovery_table` of one cell's records with Wilson intervals (`with_wilson`), the cell's
+    ``format_failure_rate`` and ``collapsed`` (that rate above ``collapse_threshold``)."""
     rate = format_failure_rate(records)
-    return recovery_table(records, selectors).assign(format_failure_rate=rate, collapsed=rate > collapse_threshold)
+    return with_wilson(recovery_table(records, selectors)).assign(format_failure_rate=rate,
+                                                                   collapsed=rate > collapse_threshold)
 
 
 def router_recovery_row(records: pd.DataFrame, router: pd.DataFrame, collapse_threshold: float = 0.5) -> dict:
     """The learned router's recovery row for one cell's route records, from its `routing.router_rows` table
     (``question_id``, ``correct``): its accuracy may exceed the oracle (its route need not be a candidate)."""
-    correct = router.set_index("question_id").loc[records.question_id, "correct"].astype(bool)
-    row = accuracy_row(records.d, records.o, correct)
+    correct = router.set_index("question_id").loc[records.question_id, "correct"].astype(float)
+    greedy, oracle, acc = float(records.d.mean()), float(records.o.mean()), float(correct.mean())
     rate = format_failure_rate(records)
-    return {"selector": ROUTER, "n": row.pop("n"), "K": int(records.K.iloc[0]), **row, "format_failure_rate": rate,
+    return {"selector": ROUTER, "n": len(records), "K": int(records.K.iloc[0]), "greedy": greedy, "oracle": oracle,
+            "selector_acc": acc, "recovery": recovery(acc, greedy, oracle), "format_failure_rate": rate,
             "collapsed": rate > collapse_threshold}
 
 
@@ -245,8 +259,8 @@ def cell_recovery(tables: Mapping[str, pd.DataFrame], router: pd.DataFrame | Non
     router's row (`router_recovery_row`) added to ``route_probe`` when ``router`` is given."""
     rows = [recovery_rows(records, selectors, collapse_threshold).assign(probe=probe) for probe, records in tables.items()]
     if router is not None:
-        rows.append(pd.DataFrame([{**router_recovery_row(tables[route_probe], router, collapse_threshold),
-                                   "probe": route_probe}]))
+        rows.append(with_wilson(pd.DataFrame([{**router_recovery_row(tables[route_probe], router, collapse_threshold),
+                                               "probe": route_probe}])))
     return pd.concat(rows, ignore_index=True)
 
 
