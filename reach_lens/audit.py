@@ -71,6 +71,13 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, stat: Callable[[np.ndarra
     return (float(lo), float(hi))
 
 
+def pass_at_ks(hits: Sequence[int] | np.ndarray, K: int, ks: Sequence[int]) -> np.ndarray:
+    """[n, len(ks)]: each question's unbiased pass@k (`pass_at_k`) from its hit count [n] of K samples."""
+    hits = np.asarray(hits, dtype=np.int64)
+    rows = {c: [pass_at_k(K, int(c), k) for k in ks] for c in np.unique(hits)}
+    return np.array([rows[c] for c in hits], dtype=np.float64).reshape(len(hits), len(ks))
+
+
 def reach_curve(records: pd.DataFrame, ks: Sequence[int] | None = None, n_boot: int = 2000,
                 seed: int = 0) -> pd.DataFrame:
     """reach@k = mean over questions of pass_at_k(K, hits, k), for ks (default 1..K), with a 95% question-level bootstrap.
@@ -84,10 +91,7 @@ def reach_curve(records: pd.DataFrame, ks: Sequence[int] | None = None, n_boot: 
     bad = [k for k in ks if not 1 <= k <= K]
     if bad or not ks:
         raise ValueError(f"ks {bad or ks} out of range 1..{K}")
-    hits = records["hits"].to_numpy(dtype=np.int64)
-    rows = {c: [pass_at_k(K, int(c), k) for k in ks] for c in np.unique(hits)}
-    per_q = np.array([rows[c] for c in hits])  # [n, len(ks)]
-    mean, lo, hi = curve_band(per_q, n_boot=n_boot, seed=seed)
+    mean, lo, hi = curve_band(pass_at_ks(records["hits"], K, ks), n_boot=n_boot, seed=seed)
     return pd.DataFrame({"k": ks, "reach": mean, "lo": lo, "hi": hi, "n": n, "K": K})
 
 

@@ -165,13 +165,6 @@ def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: in
     return pd.DataFrame(rows)
 
 
-def _pass_at_ks(hits: np.ndarray, K: int, ks: Sequence[int]) -> np.ndarray:
-    """[n, len(ks)]: each question's unbiased pass@k (`audit.pass_at_k`) from its hit count of K samples."""
-    hits = np.asarray(hits, dtype=np.int64)
-    rows = {c: [audit.pass_at_k(K, int(c), k) for k in ks] for c in np.unique(hits)}
-    return np.array([rows[c] for c in hits], dtype=np.float64).reshape(len(hits), len(ks))
-
-
 def reach_curves(checkpoints: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """reach@k for k = 1..K (K: all of a checkpoint's samples) per checkpoint: the unbiased pass@k averaged over
     questions with its question-bootstrap 95% band (`audit.reach_curve`). Columns: checkpoint, k, reach, lo, hi,
@@ -204,7 +197,7 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
         f = audit.fates(checkpoints[base_label], trained)
         K = int(f["K_base"].iloc[0])
         ks = list(range(1, K + 1))
-        b, t = _pass_at_ks(f["hits_base"], K, ks), _pass_at_ks(f["hits_trained"], K, ks)
+        b, t = audit.pass_at_ks(f["hits_base"], K, ks), audit.pass_at_ks(f["hits_trained"], K, ks)
         c = audit.crossover(b, t, ks, n_boot=n_boot, seed=seed)
         rows.append({"pair": label, "base": base_label, "n": len(f), "K": K, "crossed": c["k_cross"] is not None,
                      "k_cross": c["k_cross"], "k_min_gap": c["k_min_gap"], "min_gap": c["min_gap"],
