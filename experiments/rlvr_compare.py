@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
                        seed=args.seed)
     curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
+    curves["guess"] = audit.guesser_reach(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
     for t in (t5, fates, prop, t6, t7, t8, curves, cross):
         t.insert(1, "T", args.T)
     summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])

@@ -854,7 +854,8 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
     pair, `CHECKPOINT_COLORS`) and their 95% question-bootstrap bands on a log k axis (base 2). The k where the
     base overtakes is a dashed red line; when the trained curve stays ahead up to K the panel title says "no
     crossover up to K = .." and a dotted line marks the k of the smallest gap (its value and paired 95% interval
-    in the legend). Each panel's legend sits right of it, off the data."""
+    in the legend). A ``guess`` column (multiple choice: the uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form)
+    is drawn as each panel's floor. Each panel's legend sits right of it, off the data."""
     _require(curves, ("checkpoint", "k", "reach", "lo", "hi", "n", "K"), "rlvr reach curves")
     _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi"),
              "rlvr crossovers")
@@ -872,6 +873,9 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
             ax.plot(g["k"], g["reach"], marker="o", ms=2, lw=1.3, color=color, label=f"{label} ({role})")
             ax.fill_between(g["k"], g["lo"], g["hi"], color=color, alpha=0.15, lw=0)
             tops.append(g["hi"])
+        base_curve = curves[curves["checkpoint"] == row["base"]]
+        _guesser_curve(ax, base_curve)
+        tops.append(base_curve["guess"] if "guess" in base_curve else [])
         K = int(row["K"])
         if pd.isna(row["k_cross"]):
             ax.axvline(row["k_min_gap"], color="gray", ls=":", lw=1.2,

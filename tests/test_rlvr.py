@@ -640,5 +640,13 @@ def test_reach_curve_figure_draws_each_curve_and_the_crossover(tmp_path):
     for ax in fig.axes:
         box = ax.get_legend().get_window_extent(renderer)
         assert not any(box.overlaps(other.get_window_extent(renderer)) for other in fig.axes)
+    assert not any(plots.GUESSER in ln.get_label() for ax in fig.axes for ln in ax.get_lines())  # free-form: none
+    # multiple choice: every panel draws the guesser's floor 1 - (1 - 1/m)^k
+    floored = curves.assign(guess=1 - 0.75 ** curves.k)
+    fig = plots.plot_rlvr_reach_curves(floored, cross, tmp_path / "reach_mc.png")
+    for ax in fig.axes:
+        floor = [ln for ln in ax.get_lines() if plots.GUESSER in ln.get_label()]
+        assert len(floor) == 1 and floor[0].get_ydata().tolist() == pytest.approx((1 - 0.75 ** np.arange(1, 5)).tolist())
+        assert ax.get_ylim()[1] >= 1 - 0.75 ** 4
     with pytest.raises(ValueError, match="no curve for checkpoint"):
         plots.plot_rlvr_reach_curves(curves[curves.checkpoint != "ahead"], cross)

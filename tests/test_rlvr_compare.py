@@ -78,7 +78,8 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     assert (fates[null[0]] >= 0).all() and (fates[null[2]] <= 4).all()
     # reach@k for k = 1..2K per checkpoint, and per trained checkpoint where the base's curve meets its own
     curves = pd.read_csv(summary / "reach_curves.csv")
-    assert list(curves.columns) == ["checkpoint", "T", "k", "reach", "lo", "hi", "n", "K"]
+    assert list(curves.columns) == ["checkpoint", "T", "k", "reach", "lo", "hi", "n", "K", "guess"]
+    assert curves.guess.isna().all()  # the default task (SQuAD) is free-form: no guessing floor
     assert {c: g.k.tolist() for c, g in curves.groupby("checkpoint")} == {c: [1, 2, 3, 4] for c in
                                                                            ("base", "copy", "edited")}
     assert ((curves.lo <= curves.reach + 1e-9) & (curves.reach <= curves.hi + 1e-9) & (curves.hi <= 1)).all()
