@@ -1,7 +1,7 @@
 """Ray with N workers against one process on the same sampling work (the embedded model, ARC-Easy prompts).
 
 Work, identical for both: K=8 samples of each of 32 ARC-Easy questions (native format, task budget, T=0.8),
-in chunks of 4 questions, through ``cli.resume`` into a fresh run store. One process runs the chunks with
+in chunks of 4 questions, through ``runs.RunLoop.resume`` into a fresh run store. One process runs the chunks with
 ``--threads`` torch threads; the pool runs them on ``--workers`` Ray actors with ``threads / workers`` threads
 each (the same cores). Reported: wall time of each (the pool's includes starting its actors and shipping the
 model), the ratio, and that both stores hold the same rows.
@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
-from reach_lens import cli, parallel, probes
+from reach_lens import parallel, probes
+from reach_lens.generate import engine_for
 from reach_lens.models import load_model
 from reach_lens.protocol import Protocol
+from reach_lens.runs import RunLoop
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
 
@@ -36,8 +38,8 @@ def main(argv=None) -> int:
     model = load_model()
     task = get_task("arc_easy")
     questions = subsample(task.load(), args.n, 0)
-    protocol = Protocol.of(study="bench_ray", model=model, task=task, questions=questions, fmt="native",
-                           probe="sample", K=args.K, temperature=0.8)
+    protocol = Protocol.of(study="bench_ray", facts=engine_for(model).describe(), task=task, questions=questions,
+                           fmt="native", probe="sample", K=args.K, temperature=0.8)
 
     def rows_of(part):
         samples = probes.sample(model, task, part, "native", K=args.K, temperature=0.8, seed=0)
@@ -46,13 +48,13 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        local = cli.resume(RunStore(Path(tmp) / "local", protocol), "records", questions, args.chunk, rows_of)
+        local = RunLoop(args.chunk).resume(RunStore(Path(tmp) / "local", protocol), "records", questions, rows_of)
         t_local = time.perf_counter() - start
         start = time.perf_counter()
         pool = parallel.RayPool(args.workers, threads_per_worker=max(1, args.threads // args.workers))
         t_start = time.perf_counter() - start
-        remote = cli.resume(RunStore(Path(tmp) / "ray", protocol), "records", questions, args.chunk, rows_of,
-                            pool=pool)
+        remote = RunLoop(args.chunk, pool=pool).resume(RunStore(Path(tmp) / "ray", protocol), "records", questions,
+                                                       rows_of)
         t_ray = time.perf_counter() - start
         pool.close()
     same = sorted(zip(local.question_id, local.texts)) == sorted(zip(remote.question_id, remote.texts))

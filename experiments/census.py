@@ -20,11 +20,13 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, localize, plots
+from reach_lens import audit, cli, localize, logs, plots
+from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
+from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
-from reach_lens.tasks import get_task
+from reach_lens.tasks import check_formats, get_task
 
 TASKS = ("arc_easy", "arc_challenge", "piqa")
 
@@ -48,52 +50,51 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.setup(args)
-    say, started = cli.say("census"), time.time()
+    loop, started = cli.setup(args), time.time()
     sources = {t: (args.source, args.split) for t in args.tasks}
     sources |= {"logiqa": (args.logiqa_source, None)} if args.logiqa_source else {}
     cells = {t: (get_task(t), source, split) for t, (source, split) in sources.items()}
-    cli.check_formats(args.fmt, [task for task, _, _ in cells.values()])
+    check_formats(args.fmt, [task for task, _, _ in cells.values()])
     questions = {t: cli.questions(task, source, split, args.n, args.seed) for t, (task, source, split) in cells.items()}
     rows, protocols = [], []
     for base_name in args.models:
         base = cli.load(args, base_name)
         name = base.cfg.model_name
         for sparsity in [0.0, *args.sparsities]:
-            rows += screen_checkpoint(base, name, sparsity, cells, questions, args, protocols)
+            rows += screen_checkpoint(base, name, sparsity, cells, questions, args, loop, protocols)
         del base
     table = pd.DataFrame(rows)
     models = list(dict.fromkeys(table.checkpoint.str.replace(r"-mlp[0-9.]+$", "", regex=True)))
     pruned = " and MLP-pruned copies" if args.sparsities else ""
 
-    out = cli.summary_dir(args.out, protocols)
+    out = summary_dir(args.out, protocols)
     table.to_csv(out / "census.csv", index=False)
     table.to_parquet(out / "census.parquet", index=False)
-    cli.publish(args.figures, {out / f"census_{'+'.join(models)}.png": plots.plot_census(  # one figure per model set
+    publish(args.figures, {out / f"census_{'+'.join(models)}.png": plots.plot_census(  # one figure per model set
         table, title=f"Recognition vs generation, {' and '.join(models)}{pruned} (n = {args.n} per cell)")})
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[["cell", "fmt", "n", "recognition_acc", "generation_acc", "format_failure_rate", "n_fail",
                      "n_healthy", "meets_criterion"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"),
               flush=True)
-    say(f"{int(table.meets_criterion.sum())} of {len(table)} cells meet the criterion; {table.n_fail.sum()} failure "
-        f"questions in all; {(time.time() - started) / 60:.1f} min; tables and figure in {out}, also in {args.figures}")
+    logs.say("census")(f"{int(table.meets_criterion.sum())} of {len(table)} cells meet the criterion; "
+                       f"{table.n_fail.sum()} failure questions in all; {(time.time() - started) / 60:.1f} min; tables and figure in {out}, also in {args.figures}")
     return 0
 
 
-def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, protocols: list) -> list[dict]:
+def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, loop, protocols: list) -> list[dict]:
     """The census rows of one checkpoint (``base`` pruned to ``sparsity``, or itself at 0) over every task cell,
     screened resumably; appends the cells' protocols to ``protocols``."""
     model = base if sparsity == 0 else prune_magnitude(base, sparsity)
     checkpoint = name if sparsity == 0 else f"{name}-mlp{sparsity:g}"
     rows = []
     for t, (task, source, split) in cells.items():
-        qs, fmt = questions[t], cli.cell_format(args.fmt, task, model)
-        protocol = Protocol.of(study="census", model=model, task=task, questions=qs, source=source, split=split,
-                               seed=args.seed, fmt=fmt, probe="screen",
+        qs, fmt = questions[t], task.resolve_format(args.fmt, engine_for(model).tokenizer)
+        protocol = Protocol.of(study="census", facts=engine_for(model).describe(), task=task, questions=qs,
+                               source=source, split=split, seed=args.seed, fmt=fmt, probe="screen",
                                settings={"recognition": args.recognition, "sparsity": sparsity})
         protocols.append(protocol)
         store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}-s{args.seed}", protocol)
-        screened = cli.resume(store, "screen", qs, args.chunk, lambda part, task=task, fmt=fmt: localize.screen(
+        screened = loop.resume(store, "screen", qs, lambda part, task=task, fmt=fmt: localize.screen(
             model, task, part, fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
         short = ("base" if sparsity == 0 else f"mlp{sparsity:g}") if len(args.models) == 1 else (
             name if sparsity == 0 else f"{name} mlp{sparsity:g}")

@@ -34,13 +34,15 @@ import argparse
 import resource
 import time
 
-from reach_lens import cli, localize
+from reach_lens import cli, localize, logs
+from reach_lens.errors import UserError
+from reach_lens.generate import engine_for
 from reach_lens.models import model_fingerprint, prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
-from reach_lens.tasks import get_task
+from reach_lens.tasks import check_formats, get_task
 
-say = cli.say("mlp_localize")
+say = logs.say("mlp_localize")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -98,27 +100,26 @@ def load_unit_sae(path, model):
     try:
         from reach_lens.sae import load_sae
     except ImportError as e:
-        raise SystemExit(str(e)) from None
+        raise UserError(str(e)) from None
     sae = load_sae(path, device=str(model.cfg.device))
     hook = sae.cfg.metadata.hook_name
     parts = hook.split(".")
     if len(parts) != 3 or parts[0] != "blocks" or parts[2] != "hook_mlp_out" or not parts[1].isdigit() \
             or not 0 <= int(parts[1]) < model.cfg.n_layers or sae.cfg.d_in != model.cfg.d_model:
-        raise SystemExit(f"SAE at {path}: hook {hook!r}, d_in {sae.cfg.d_in}; expected 'blocks.L.hook_mlp_out' with "
+        raise UserError(f"SAE at {path}: hook {hook!r}, d_in {sae.cfg.d_in}; expected 'blocks.L.hook_mlp_out' with "
                          f"L in 0..{model.cfg.n_layers - 1} and d_in = d_model = {model.cfg.d_model}")
     return sae
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.setup(args)
-    started = time.time()
+    loop, started = cli.setup(args), time.time()
     task = get_task(args.task)
-    cli.check_formats(args.fmt, [task])
+    check_formats(args.fmt, [task])
     questions = cli.questions(task, args.source, args.split, args.n, args.seed)
     say(f"loading model {args.model or 'smollm2-135m-instruct (embedded)'}")
     model = cli.load(args)
-    args.fmt = cli.cell_format(args.fmt, task, model)  # auto: the chat template, or plain text without one
+    args.fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer)  # auto: chat template, or plain text
     if args.prune:
         model = prune_magnitude(model, args.prune)
     sae = load_unit_sae(args.sae, model) if args.sae else None
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
         layers = localize.check_layers(args.layers or list(range(model.cfg.n_layers)), model.cfg.n_layers)
         localize.check_layers([] if plant_layer is None else [plant_layer], model.cfg.n_layers)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UserError(str(e)) from None
     settings = {k: getattr(args, k) for k in ("recognition", "healthy_rule", "exclude_format_failures", "max_eval",
                                               "max_calibration", "calibration_share", "alphas", "unit_k",
                                               "unit_rank", "random_seeds", "prune", "planted", "planted_units",
@@ -135,8 +136,8 @@ def main(argv=None) -> int:
     if sae is not None:  # which SAE's latents the units step silences: another SAE is another run
         from reach_lens.sae import describe_sae
         settings["sae"] = describe_sae(sae)
-    protocol = Protocol.of(study="mlp_localize", model=model, task=task, questions=questions, source=args.source,
-                           split=args.split, seed=args.seed, fmt=args.fmt, probe="screen",
+    protocol = Protocol.of(study="mlp_localize", facts=engine_for(model).describe(), task=task, questions=questions,
+                           source=args.source, split=args.split, seed=args.seed, fmt=args.fmt, probe="screen",
                            settings={**settings, "layers": layers})
     tag = f"{model.cfg.model_name}-{args.task}-n{len(questions)}-s{args.seed}"
     tag += "" if plant_layer is None else f"-planted{'-units' if plant == 'units' else ''}{plant_layer}"
@@ -145,13 +146,10 @@ def main(argv=None) -> int:
     store = RunStore(run_dir, protocol)
     say(f"run directory {run_dir} (resumes if interrupted)")
 
-    def screen(model, store, table: str, recognize: str = "all"):
-        rows = cli.resume(store, table, questions, args.chunk, lambda part: localize.screen(
+    def screen(model, store, table: str, recognize: str = "all"):  # rows in question order
+        return loop.resume(store, table, questions, lambda part: localize.screen(
             model, task, part, args.fmt, args.recognition, batch_size=args.batch_size, recognize=recognize),
             desc=table)
-        order = {q.id: i for i, q in enumerate(questions)}
-        rows = rows[rows.question_id.isin(order)]
-        return rows.sort_values("question_id", key=lambda s: s.map(order)).reset_index(drop=True)
 
     planted = None
     if plant_layer is not None:  # the positive control: study a planted copy on the pool it is defined on
@@ -163,7 +161,7 @@ def main(argv=None) -> int:
                                                     units_k=args.planted_k, share=args.planted_share,
                                                     strength=args.planted_strength, batch_size=args.batch_size, log=say)
         except ValueError as e:
-            raise SystemExit(str(e)) from None
+            raise UserError(str(e)) from None
         planted["base_correct"], questions = base_correct, pool
         store = RunStore(run_dir / "planted_model", protocol.replace(
             weights=model_fingerprint(model), settings={**protocol.settings, "planted_strength": planted["strength"]}))
@@ -182,7 +180,7 @@ def main(argv=None) -> int:
     try:
         localize.check_panels(panels, args.min_panel, eligible)
     except localize.PanelTooSmall as e:
-        raise SystemExit(str(e)) from None
+        raise UserError(str(e)) from None
     conditions = localize.Conditions(model, task, args.fmt, store, panels, questions, args.batch_size)
 
     # 2. selection on calibration questions; 3. evaluation of the choice

@@ -14,7 +14,8 @@ format, and a greedy answer in the control format. Protocols must match in every
 first K of the 2K samples are exactly the K-sample probe (samples are seeded per question and index), so
 Table 6's K and 2K come from one set of samples.
 
-Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/{<fmt>,<control fmt>}/; tables
+Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/: <fmt>/deployed, <fmt>/T<T> and
+<control fmt>/deployed; tables
 in its summary-<hash>/ directory, figures there and in --figures):
   table5.csv (n, K, base D/O, trained D/O with Wilson 95%, delta n_reachable with a paired bootstrap interval),
   fates.csv (Figure 6a; gains from base-reachable questions against two nulls: independence, and resampling with
@@ -33,24 +34,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots
+from reach_lens import audit, cli, logs, plots
+from reach_lens.errors import UserError
 from reach_lens.generate import Engine, TransformerLensEngine
+from reach_lens.models import checkpoint_tokenizer, local_checkpoint
 from reach_lens.rlvr import tables
-from reach_lens.rlvr.report import report
-from reach_lens.rlvr.audit_run import (
-    check_comparable,
-    deploy_protocol,
-    deploy_records,
-    records_at,
-    sample_protocol,
-    sample_records,
-)
+from reach_lens.rlvr.audit_run import audit_checkpoint, audit_protocols, check_comparable, records_at
 from reach_lens.rlvr.recipes import KINDS, base_name, checkpoint_path, default_recipe
+from reach_lens.rlvr.report import report
 from reach_lens.rlvr.split import check_disjoint, split_questions
-from reach_lens.store import RunStore
+from reach_lens.runs import publish, summary_dir
 from reach_lens.tasks import get_task, subsample
 
-LOG = cli.logger("rlvr_compare")
+LOG = logs.logger("rlvr_compare")
 SAY = LOG.info
 BASE = "base"
 PAPER = "paper Table 5 (n=300, K=200, T=0.8): DAPO-32B D 55.0 -> 69.7, O 96.0 -> 82.7, 40 fewer reachable questions"
@@ -113,65 +109,60 @@ def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
         path = checkpoint_path(recipe)
         if not (path / "reach_lens_training.json").exists():
             if args.no_train:
-                raise SystemExit(f"{kind} checkpoint {path} is missing and --no-train is set: run "
+                raise UserError(f"{kind} checkpoint {path} is missing and --no-train is set: run "
                                  f"python experiments/train_rlvr.py --recipe {kind} --task {args.task} --fmt {args.fmt}")
             from reach_lens.rlvr.train import train
 
-            base = Path(cli.local_checkpoint(args.model))
+            base = Path(local_checkpoint(args.model))
             if not (base / "config.json").exists():
-                raise SystemExit(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
+                raise UserError(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
                                  "directory; pass trained checkpoints with --checkpoints")
             SAY(f"{kind} checkpoint {recipe.name} is missing: training it first (up to ~45 min on a 2-core CPU)")
-            train(recipe, base, path, source=args.source, device=args.device, log=SAY)
+            train(recipe, base, path, source=args.source, device=args.device)
         out[kind] = path
     return out
 
 
-def audit_checkpoints(args, task, questions, settings, checkpoints: dict[str, Path | None], run_root: Path):
-    """Records in the main format (greedy + 2K samples) and greedy rows in the control format, per checkpoint."""
-    native, control, protocols = {}, {}, {"main": {}, "control": {}}
+def audit_checkpoints(args, loop, task, questions, settings, checkpoints: dict[str, Path | None], run_root: Path):
+    """Records in the main format (greedy + 2K samples) and greedy answers in the control format, per checkpoint;
+    every checkpoint's protocols are checked against the base's before it generates anything."""
+    records, control, protocols = {}, {}, {}
     for label, path in checkpoints.items():
         model = cli.load_engine(args, None if path is None else str(path))
         # a private engine, dropped with the model: engine_for's cache would keep every checkpoint in memory
         engine = model if isinstance(model, Engine) else TransformerLensEngine(model)
-        common = dict(settings=settings, source=args.source, split=args.split)
-        p_main = sample_protocol(engine, task, questions, args.fmt, 2 * args.K, args.T, args.seed, **common)
-        p_control = deploy_protocol(engine, task, questions, args.control_fmt, args.seed, **common)
-        name = p_main.model
-        protocols["main"][label], protocols["control"][label] = p_main, p_control
-        check_comparable(protocols["main"])  # before any generation: a mismatch costs nothing
-        check_comparable(protocols["control"])
-        SAY(f"{label}: {name} ({p_main.weights}, {p_main.engine} engine)")
-        native[label] = sample_records(engine, task, questions, args.fmt, 2 * args.K, args.T, args.seed,
-                                       RunStore(run_root / name / args.fmt, p_main), args.chunk, args.batch_size,
-                                       desc=f"{label}: greedy + {2 * args.K} samples ({args.fmt})")
-        control[label] = deploy_records(engine, task, questions, args.control_fmt,
-                                        RunStore(run_root / name / args.control_fmt, p_control), args.chunk,
-                                        args.batch_size, desc=f"{label}: greedy ({args.control_fmt})")
+        protocols[label] = audit_protocols(engine, task, questions, args.fmt, args.control_fmt, 2 * args.K, args.T,
+                                           args.seed, settings, source=args.source, split=args.split)
+        for run in ("sampled", "control"):
+            check_comparable({checkpoint: ps[run] for checkpoint, ps in protocols.items()})
+        name = protocols[label]["sampled"].model
+        SAY(f"{label}: {name} ({protocols[label]['sampled'].weights}, {protocols[label]['sampled'].engine} engine)")
+        records[label], control[label] = audit_checkpoint(loop, engine, task, questions, protocols[label],
+                                                          run_root / name, label)
         engine.close()
         del model, engine
         gc.collect()
-    return native, control, protocols
+    return records, control, [p for ps in protocols.values() for p in ps.values()]
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.time()
-    cli.setup(args)
+    loop = cli.setup(args)
     task = get_task(args.task)
     # the recipes' and the protocols' format; auto is zero-shot where a task's default is few-shot (training pays
     # the prompt for every completion)
-    args.fmt = cli.checkpoint_format(args.fmt, task, args.model, zero_shot=True)
+    args.fmt = task.resolve_format(args.fmt, checkpoint_tokenizer(args.model), zero_shot=True)
     if args.control_fmt is None:
         args.control_fmt = control_format(args.fmt, task)
     if args.control_fmt == args.fmt:
-        raise cli.UserError(f"--control-fmt {args.control_fmt!r} is the main format of {args.task}: the "
+        raise UserError(f"--control-fmt {args.control_fmt!r} is the main format of {args.task}: the "
                             "format-transfer table needs another format")
     task.check_format(args.control_fmt)
     loaded = cli.load_source(task, args.source, args.split)
     _, audit_side, split = split_questions(loaded, args.task, args.salt, args.audit_share)
     if args.n > len(audit_side):
-        raise SystemExit(f"--n {args.n} out of range: the audit side of {args.task} holds {len(audit_side)} questions "
+        raise UserError(f"--n {args.n} out of range: the audit side of {args.task} holds {len(audit_side)} questions "
                          f"(--audit-share {args.audit_share}); use --n <= {len(audit_side)}")
     questions = subsample(audit_side, args.n, args.seed)
     trained = dict(args.checkpoints) if args.checkpoints else default_checkpoints(args)
@@ -186,7 +177,8 @@ def main(argv=None) -> int:
                         "questions")
     settings = {"K": args.K, "samples": 2 * args.K, "split": split.to_dict(), "control_fmt": args.control_fmt}
     run_root = args.out / f"{args.task}-n{len(questions)}-K{args.K}-T{args.T:g}-s{args.seed}"
-    native, control, protocols = audit_checkpoints(args, task, questions, settings, {BASE: None, **trained}, run_root)
+    native, control, protocols = audit_checkpoints(args, loop, task, questions, settings, {BASE: None, **trained},
+                                                   run_root)
 
     m = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
     at_k = {label: records_at(r, args.K) for label, r in native.items()}
@@ -204,17 +196,17 @@ def main(argv=None) -> int:
     curves["guess"] = audit.guesser_reach(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
     for t in (t5, fates, prop, t6, t7, t8, curves, cross):
         t.insert(1, "T", args.T)
-    summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])
+    summary = summary_dir(run_root, protocols)
     for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
                     ("table7_lineage", t7), ("table8_format_transfer", t8), ("reach_curves", curves),
                     ("crossover", cross)):
         t.to_csv(summary / f"{name}.csv", index=False)
     text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER, cross)
     (summary / "summary.md").write_text(text)
-    base_name = protocols["main"][BASE].model
+    base_name = protocols[0].model
     tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"
     what = f"{base_name} on {args.task}"
-    cli.publish(args.figures, {
+    publish(args.figures, {
         summary / f"rlvr_fates_{tag}.png": plots.plot_rlvr_fates(fates, title=f"Fates, {what}"),
         summary / f"rlvr_changes_{tag}.png": plots.plot_rlvr_changes(t5, title=f"D and O_K change, {what}"),
         summary / f"rlvr_propensity_{tag}.png": plots.plot_rlvr_propensity(

@@ -49,13 +49,17 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots
+from reach_lens import audit, cli, logs, plots
+from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
                                 random_method, search_rows)
+from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
-from reach_lens.tasks import get_task
+from reach_lens.tasks import check_formats, get_task
+
+SAY = logs.say("routing")
 
 MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy", "arc_challenge", "piqa")
 # the default grid; --full-grid takes every model, task, space and method instead
@@ -98,16 +102,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, pd.DataFrame]:
+def search_cell(model, label: str, task, qs, args, loop) -> tuple[Protocol, RunStore, pd.DataFrame]:
     """The protocol, store and searches table of one (model, task) cell: every search of every question (resumed)."""
-    fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)
-    protocol = Protocol.of(study="routing", model=model, task=task, questions=qs, source=args.source, split=args.split,
-                           seed=args.seed, fmt=fmt, probe="route", K=args.K,
+    fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer, zero_shot=True)
+    protocol = Protocol.of(study="routing", facts=engine_for(model).describe(), task=task, questions=qs,
+                           source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="route", K=args.K,
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",
                                      "random_routes": args.random_routes})
     laws = "+".join(args.random_routes)
     store = RunStore(args.out / f"{protocol.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
-    searches = cli.resume(store, "searches", qs, args.chunk, lambda part: search_rows(
+    searches = loop.resume(store, "searches", qs, lambda part: search_rows(
         model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
         desc=f"{label} {task.name} searches")
     return protocol, store, searches
@@ -115,28 +119,27 @@ def search_cell(model, label: str, task, qs, args) -> tuple[Protocol, RunStore, 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.setup(args)
-    say, started = cli.say("routing"), time.time()
+    loop, started = cli.setup(args), time.time()
     tasks = {t: get_task(t) for t in args.tasks}
-    cli.check_formats(args.fmt, tasks.values())
+    check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
     L, space1 = base.cfg.n_layers, analysis.table1_space(args.spaces)
     cells, protocols = {}, []
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
-        runs = {t: search_cell(model, label, task, questions[t], args) for t, task in tasks.items()}
+        runs = {t: search_cell(model, label, task, questions[t], args, loop) for t, task in tasks.items()}
         router = LearnedRouter(model, {t: RouterCell(tasks[t], questions[t], analysis.found_routes(df, space1),
                                                      known_candidates(df.candidates, df.question_id), protocol.fmt)
                                        for t, (protocol, _, df) in runs.items()}, args.seed, args.batch_size)
         for t, (protocol, store, searches) in runs.items():
-            routed = cli.resume(store, "router", questions[t], args.chunk,
-                                lambda part, t=t, router=router: router.rows(t, part), desc=f"{label} {t} learned router")
+            routed = loop.resume(store, "router", questions[t], lambda part, t=t, router=router: router.rows(t, part),
+                                 desc=f"{label} {t} learned router")
             cells[(label, t)] = analysis.per_question(searches, args.K, L, router=routed)
             protocols.append(protocol)
-            say(f"{label} {t}: the learned router leaves the full path on "
+            SAY(f"{label} {t}: the learned router leaves the full path on "
                 f"{sum(tuple(r) != tuple(range(L)) for r in routed.route)} of {len(routed)} questions")
-    out = cli.summary_dir(args.out, protocols)
+    out = summary_dir(args.out, protocols)
     for law in args.random_routes:
         tables = analysis.analyse(cells, args.spaces, args.methods, args.K, args.vote_k, args.mcts_k,
                                   args.collapse_threshold, args.seed, random_method=random_method(law))
@@ -151,14 +154,14 @@ def main(argv=None) -> int:
         if len(tables["random_minus_structured"]):
             figures[out / f"routing_random_minus_structured_{tag}.png"] = plots.plot_random_minus_structured(
                 tables["random_minus_structured"], tables["direction_counts"], title=f"{law} random routes")
-        cli.publish(args.figures, figures)
+        publish(args.figures, figures)
         broken = tables["oracle_curves"].groupby(["model", "task", "space"]).random_format_failure_rate.first()
         print(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
               f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"
               + tables["direction_counts"].to_string(index=False), flush=True)
         print(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
               + tables["table1"].to_string(index=False, float_format="{:.1f}".format), flush=True)
-    say(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
+    SAY(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
     return 0
 
 

@@ -21,14 +21,15 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, engine_for, plots, probes
+from reach_lens import audit, cli, logs, plots, probes
+from reach_lens.generate import engine_for
 from reach_lens.protocol import Protocol
-from reach_lens.records import make_record
-from reach_lens.select import majority_vote
+from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
-from reach_lens.tasks import get_task
+from reach_lens.tasks import check_formats, get_task
 
 
+SAY = logs.say("sampling_gap")
 DEFAULT_TASKS = ("squad", "trivia_qa", "arc_easy", "basic_arithmetic")  # free-form cells beside the MC one
 
 
@@ -48,34 +49,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
+def run_cell(model, task, questions, args, loop) -> tuple[dict, list[Protocol]]:
     """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row. ``model``
     is a HookedTransformer or a hook-free engine (``--engine``)."""
-    fmt = cli.cell_format(args.fmt, task, model)
-    deploy = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, source=args.source,
-                         split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
+    fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer)
+    deploy = Protocol.of(study="sampling_gap", facts=engine_for(model).describe(), task=task, questions=questions,
+                         source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
     name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
     tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
     tag += "" if deploy.engine == "transformer_lens" else f"-{deploy.engine.split()[0]}"  # "vllm (...)": -vllm
     run = args.out / tag
-
-    def deployed_rows(part):
-        return [{"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt,
-                                                                                batch_size=args.batch_size))]
-
-    deployed = cli.resume(RunStore(run / "deployed", deploy), "deployed", questions, args.chunk, deployed_rows,
-                          desc=f"greedy deployment ({task.name})").set_index("question_id")
-
-    def records_at(T, part):
-        cands = probes.sample(model, task, part, fmt, K=args.K, temperature=T, seed=args.seed,
-                              batch_size=args.batch_size)
-        return [make_record(q.id, q.gold, deployed.loc[q.id].to_dict(), cs, majority_vote(cs))
-                for q, cs in zip(part, cands)]
-
-    records = {T: cli.resume(RunStore(run / f"T{T:g}", p), "records", questions, args.chunk,
-                             lambda part, T=T: records_at(T, part), desc=f"sampling {task.name}, K={args.K}, T={T:g}")
-               for T, p in sample.items()}
+    deployed = loop.deployed(model, task, questions, fmt, RunStore(run / "deployed", deploy),
+                             desc=f"greedy deployment ({task.name})")
+    records = {T: loop.records(RunStore(run / f"T{T:g}", p), questions, deployed, lambda part, T=T: probes.sample(
+        model, task, part, fmt, K=args.K, temperature=T, seed=args.seed, batch_size=args.batch_size),
+        desc=f"sampling {task.name}, K={args.K}, T={T:g}") for T, p in sample.items()}
     options = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
     sweep = audit.temperature_sweep(records, seed=args.seed).assign(
         guess_D=audit.guesser_reach(options, 1), guess_O=audit.guesser_reach(options, args.K))
@@ -84,38 +73,37 @@ def run_cell(model, task, questions, args, say) -> tuple[dict, list[Protocol]]:
            "guess_deployed": r.guess_D, "guess_oracle": r.guess_O}
     curve = audit.reach_curve(records[args.T], seed=args.seed)
     curve["guess"] = audit.guesser_reach(options, curve["k"])
-    out = cli.summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
+    out = summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
     for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
         df.to_csv(out / f"{file}.csv", index=False)
-    cli.publish(args.figures, {
+    publish(args.figures, {
         out / f"sampling_gap_reach_{tag}-T{args.T:g}.png": plots.plot_reach_curve(
             curve, title=f"reach@k, {name} on {task.name}, T={args.T:g}", deployed=r.D, vote=r.vote),
         out / f"sampling_gap_temperature_{tag}.png": plots.plot_temperature_gap(
             sweep, title=f"Selection gap vs T, {name} on {task.name}")})
-    say(f"{name} x {task.name}: tables in {out}")
+    SAY(f"{name} x {task.name}: tables in {out}")
     return row, [deploy, *sample.values()]
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.setup(args)
-    say, started = cli.say("sampling_gap"), time.time()
+    loop, started = cli.setup(args), time.time()
     tasks = [get_task(t) for t in args.tasks]
-    cli.check_formats(args.fmt, tasks)
+    check_formats(args.fmt, tasks)
     question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
     rows, protocols = [], []
     for model_name in args.models:
         model = cli.load_engine(args, model_name)
         for task, questions in zip(tasks, question_sets):
-            row, used = run_cell(model, task, questions, args, say)
+            row, used = run_cell(model, task, questions, args, loop)
             rows.append(row)
             protocols += used
         engine_for(model).close()
         del model
     table = pd.DataFrame(rows)
-    out = cli.summary_dir(args.out, protocols, name="summary-table2")
+    out = summary_dir(args.out, protocols, name="summary-table2")
     table.to_csv(out / "table2.csv", index=False)
-    cli.publish(args.figures,
+    publish(args.figures,
                 {out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png": plots.plot_gap_table(table)})
 
     print(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
@@ -127,7 +115,7 @@ def main(argv=None) -> int:
                  (("deployed", ".1%"), ("vote", ".1%"), ("oracle", ".1%"), ("gap", "+.1%"), ("selection_gap", "+.1%"))]
         guess = f"{r.guess_oracle:.1%}" if pd.notna(r.get("guess_oracle")) else "n/a (free-form)"
         print(" | ".join(["", r.model, r.task, *cells, guess, f"{r.format_failure_rate:.1%}", ""]).strip(), flush=True)
-    say(f"{(time.time() - started) / 60:.1f} min; Table 2 in {out}, figures also in {args.figures}")
+    SAY(f"{(time.time() - started) / 60:.1f} min; Table 2 in {out}, figures also in {args.figures}")
     return 0
 
 

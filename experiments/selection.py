@@ -28,16 +28,18 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots, probes
+from reach_lens import audit, cli, logs, plots, probes
+from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
-from reach_lens.records import make_record
 from reach_lens.routing import (ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
                                 random_route_candidates)
-from reach_lens.select import SELECTORS, majority_vote
+from reach_lens.runs import publish, summary_dir
+from reach_lens.select import SELECTORS
 from reach_lens.store import RunStore
-from reach_lens.tasks import get_task
+from reach_lens.tasks import check_formats, get_task
 
+SAY = logs.say("selection")
 MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy")  # free-form beside multiple choice (and its floor)
 
 
@@ -64,53 +66,45 @@ def temperatures(args) -> list[float]:
     return sorted({*args.temperatures, args.T})  # the main T is always among them
 
 
-def run_cell(model, label: str, task, qs, args) -> tuple[list[Protocol], RunStore, dict[str, pd.DataFrame]]:
+def run_cell(model, label: str, task, qs, args, loop) -> tuple[list[Protocol], RunStore, dict[str, pd.DataFrame]]:
     """The protocols, the route store and the records of every probe of one (model, task) cell (resumed)."""
-    fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)  # routes and samples share one prompt
-    deploy = Protocol.of(study="selection", model=model, task=task, questions=qs, source=args.source, split=args.split,
-                         seed=args.seed, fmt=fmt, probe="deploy")
+    fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer, zero_shot=True)  # routes and samples: one prompt
+    deploy = Protocol.of(study="selection", facts=engine_for(model).describe(), task=task, questions=qs,
+                         source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",
                                                                "random_routes": args.random_routes})
     samples = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in temperatures(args)}
     root = args.out / f"{deploy.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"  # a pruned copy's name says so
     bs, cell = args.batch_size, f"{label} {task.name}"
-    deployed = cli.resume(RunStore(root / "deployed", deploy), "deployed", qs, args.chunk, lambda part: [
-        {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt, batch_size=bs))],
-        desc=f"{cell} deployed").set_index("question_id")
-
-    def records(part, cands):
-        return [make_record(q.id, q.gold, deployed.loc[q.id].to_dict(), cs, majority_vote(cs))
-                for q, cs in zip(part, cands)]
-
+    deployed = loop.deployed(model, task, qs, fmt, RunStore(root / "deployed", deploy), desc=f"{cell} deployed")
     store = RunStore(root / f"routes-{args.space}-{args.random_routes}", routes)
-    tables = {"routes": cli.resume(store, "records", qs, args.chunk, lambda part: records(part, random_route_candidates(
-        model, task, part, fmt, args.space, args.K, args.seed, args.random_routes, bs)), desc=f"{cell} routes")}
+    tables = {"routes": loop.records(store, qs, deployed, lambda part: random_route_candidates(
+        model, task, part, fmt, args.space, args.K, args.seed, args.random_routes, bs), desc=f"{cell} routes")}
     for T, p in samples.items():
-        tables[f"T{T:g}"] = cli.resume(RunStore(root / f"T{T:g}", p), "records", qs, args.chunk, lambda part, T=T: (
-            records(part, probes.sample(model, task, part, fmt, K=args.K, temperature=T, seed=args.seed,
-                                        batch_size=bs, keep_hidden=True))), desc=f"{cell} samples at T={T:g}")
+        tables[f"T{T:g}"] = loop.records(RunStore(root / f"T{T:g}", p), qs, deployed, lambda part, T=T: probes.sample(
+            model, task, part, fmt, K=args.K, temperature=T, seed=args.seed, batch_size=bs, keep_hidden=True),
+            desc=f"{cell} samples at T={T:g}")
     return [deploy, routes, *samples.values()], store, tables
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.setup(args)
-    say, started = cli.say("selection"), time.time()
+    loop, started = cli.setup(args), time.time()
     tasks = {t: get_task(t) for t in args.tasks}
-    cli.check_formats(args.fmt, tasks.values())
+    check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
     recoveries, sweeps, protocols = [], [], []
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
-        runs = {t: run_cell(model, label, task, questions[t], args) for t, task in tasks.items()}
+        runs = {t: run_cell(model, label, task, questions[t], args, loop) for t, task in tasks.items()}
         router = LearnedRouter(model, {t: RouterCell(tasks[t], questions[t], analysis.found_in(r["routes"]),
                                                      known_candidates(r["routes"].candidates, r["routes"].question_id),
                                                      ps[0].fmt)
                                        for t, (ps, _, r) in runs.items()}, args.seed, args.batch_size)
         for t, (cell_protocols, store, tables) in runs.items():
-            routed = cli.resume(store, "router", questions[t], args.chunk,
-                                lambda part, t=t, router=router: router.rows(t, part), desc=f"{label} {t} learned router")
+            routed = loop.resume(store, "router", questions[t], lambda part, t=t, router=router: router.rows(t, part),
+                                 desc=f"{label} {t} learned router")
             recoveries.append(analysis.cell_recovery(tables, routed, SELECTORS, args.collapse_threshold)
                               .assign(model=label, task=t))
             sweep = audit.temperature_sweep({T: tables[f"T{T:g}"] for T in temperatures(args)}, seed=args.seed)
@@ -122,7 +116,7 @@ def main(argv=None) -> int:
     medians = analysis.recovery_summary(recovery[recovery.probe.isin(["routes", f"T{args.T:g}"])])
 
     name = protocols[0].model  # in run directories and figure names: two models' runs never share one
-    out, tag = cli.summary_dir(args.out, protocols), f"{name}-n{args.n}-K{args.K}"
+    out, tag = summary_dir(args.out, protocols), f"{name}-n{args.n}-K{args.K}"
     for file, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
         df.to_csv(out / f"{file}.csv", index=False)
     figures = {out / f"selection_temperature_{m}_{t}_{tag}.png": plots.plot_temperature_gap(
@@ -133,13 +127,13 @@ def main(argv=None) -> int:
                    (f"T{args.T:g}", f"samples, T={args.T:g}")], title=f"Answer-blind recovery, {name}")
     figures[out / f"selection_gap_vs_temperature_{tag}.png"] = plots.plot_selection_gap(
         sweep, title=f"Selection gap of temperature samples, {name}")
-    cli.publish(args.figures, figures)
+    publish(args.figures, figures)
 
     print(f"recovery at K={args.K}, median over clean cells where oracle > greedy:\n"
           + medians.to_string(index=False, float_format=lambda v: f"{v:+.2f}"), flush=True)
     print("oracle - majority vote across temperatures (share of questions):\n" + sweep[["model", "task", "T", "n",
           "D", "vote", "O", "selection_gap"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
-    say(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
+    SAY(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, also in {args.figures}")
     return 0
 
 

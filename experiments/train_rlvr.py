@@ -24,10 +24,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from reach_lens import cli, plots
+from reach_lens import cli, logs, plots
+from reach_lens.errors import UserError
+from reach_lens.models import checkpoint_tokenizer, local_checkpoint
 from reach_lens.rlvr.recipes import KINDS, PROMPT_FILTERS, base_name, checkpoints_root, default_recipe
+from reach_lens.tasks import FORMATS, get_task
 
-SAY = cli.say("train_rlvr")
+SAY = logs.say("train_rlvr")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "embedded SmolLM2-135M-Instruct)")
     p.add_argument("--task", default="squad", help="training task (its grader is the reward; default squad)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
-    p.add_argument("--fmt", default="auto", choices=cli.FORMATS,
+    p.add_argument("--fmt", default="auto", choices=FORMATS,
                    help="prompt format of training and of --reward-density: auto (each task's own for the base "
                         "model, zero-shot where that is few-shot: training pays the prompt for every completion), "
                         "native, shared or fewshot (part of the recipe; rlvr_compare must use the same)")
@@ -109,7 +112,8 @@ def measure_reward_density(args: argparse.Namespace) -> int:
     from reach_lens.models import load_model
     from reach_lens.rlvr.rewards import reward_density
     from reach_lens.rlvr.split import split_questions
-    from reach_lens.tasks import get_task, subsample
+    from reach_lens.generate import engine_for
+    from reach_lens.tasks import subsample
 
     model = load_model(args.model, device=args.device)
     rows = []
@@ -118,7 +122,7 @@ def measure_reward_density(args: argparse.Namespace) -> int:
         train_side, _, _ = split_questions(cli.load_source(task, args.source if name == args.task else None, None),
                                            name, args.salt, args.audit_share)
         questions = subsample(train_side, min(args.density_n, len(train_side)), args.seed)
-        fmt = cli.cell_format(args.fmt, task, model, zero_shot=True)
+        fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer, zero_shot=True)
         rows.append({**reward_density(model, task, questions, fmt, K=8, temperature=0.8, seed=args.seed),
                      "fmt": fmt})
         SAY(f"{name} ({fmt}): reward density {rows[-1]['density']:.3f} (n = {len(questions)}, K = 8, T = 0.8)")
@@ -133,12 +137,12 @@ def measure_reward_density(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cli.configure_output(args)
+    logs.configure_output(quiet=args.quiet, verbose=args.verbose)
     try:
         import peft  # noqa: F401
         import trl  # noqa: F401
     except ImportError as e:
-        raise cli.UserError(f"training needs the rlvr extra: pip install -e '.[rlvr]' ({e})") from e
+        raise UserError(f"training needs the rlvr extra: pip install -e '.[rlvr]' ({e})") from e
     if args.threads:
         import torch
 
@@ -148,20 +152,18 @@ def main(argv=None) -> int:
     try:
         args.device = training_device(cli.resolve_device(args.device))
     except ValueError as e:
-        raise SystemExit(f"--device: {e}") from None
+        raise UserError(f"--device: {e}") from None
     args.dtype = str(cli.resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
     if args.reward_density:
         return measure_reward_density(args)
-    from reach_lens.tasks import get_task
+    args.fmt = get_task(args.task).resolve_format(args.fmt, checkpoint_tokenizer(args.model), zero_shot=True)
+    from reach_lens.rlvr.train import TRAINING_LOG, read_metadata, train
 
-    args.fmt = cli.checkpoint_format(args.fmt, get_task(args.task), args.model, zero_shot=True)
-    from reach_lens.rlvr.train import LOG, read_metadata, train
-
-    base = Path(cli.local_checkpoint(args.model))
+    base = Path(local_checkpoint(args.model))
     root = args.out or checkpoints_root()
     for recipe in recipes_of(args):
         started = time.time()
-        path = train(recipe, base, root / recipe.name, source=args.source, device=args.device, log=SAY)
+        path = train(recipe, base, root / recipe.name, source=args.source, device=args.device)
         meta = read_metadata(path)
         reward = (f"; reward (mean of 5 logging steps) {meta['reward_first']:.3f} -> {meta['reward_last']:.3f}"
                   if meta.get("reward_first") is not None else "")
@@ -169,7 +171,7 @@ def main(argv=None) -> int:
         kept = meta.get("prompt_filter")
         trained_on = ("training split" if kept is None else
                       f"the {kept['kept']} {kept['rule']} of its {kept['of']} training questions")
-        plots.plot_rlvr_training(pd.read_csv(path / LOG), curve,
+        plots.plot_rlvr_training(pd.read_csv(path / TRAINING_LOG), curve,
                                  f"{recipe.kind} ({recipe.tuning}) on {recipe.task}, {trained_on}")
         SAY(f"{recipe.kind}: {meta['steps']} steps, {meta['wall_seconds'] / 60:.1f} min of training "
             f"({(time.time() - started) / 60:.1f} min this call){reward}; checkpoint {path}; curve {curve}")

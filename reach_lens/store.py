@@ -47,10 +47,6 @@ class ProtocolMismatch(UserError, ValueError):
     """The run directory already holds a run under a different protocol."""
 
 
-class LegacyRunDirectory(UserError, ValueError):
-    """The run directory was written by an earlier reach_lens, before protocols were ``Protocol``s."""
-
-
 class UnreadableRunDirectory(UserError, ValueError):
     """The run directory's protocol.json cannot be read, was edited, or has another schema."""
 
@@ -189,23 +185,17 @@ class RunStore:
                 _write_atomic(path, lambda p, values=values: _save_npy(p, values))
 
     def _stored(self, path: Path) -> Protocol:
-        """The protocol of an existing run directory; refuses earlier formats and edited files."""
+        """The protocol of an existing run directory; refuses other schemas and edited files."""
         try:
             stored = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise UnreadableRunDirectory(f"{path} cannot be read as JSON ({e}): move the directory aside or pick "
                                          "another one") from e
-        if not isinstance(stored, dict) or "schema" not in stored:
-            raise LegacyRunDirectory(
-                f"{self.root} was written by an earlier reach_lens: its protocol.json holds a hand-built dict, without "
-                "the grading rule (grader) or the question-set content hash, so whether its records match this "
-                "protocol cannot be checked. There is no automatic migration: those two fields cannot be recovered "
-                "from the old file, and filling them in from today's code would certify records that may have been "
-                "graded by another rule or drawn from other questions. Rerun into another --out directory, or move "
-                f"this one aside (e.g. mv {self.root} {self.root}.old) and rerun.")
-        if stored["schema"] != SCHEMA:
-            raise UnreadableRunDirectory(f"{path} has schema {stored['schema']!r}; this reach_lens reads {SCHEMA!r} "
-                             "(written by another reach_lens version): use that version, or another directory")
+        schema = stored.get("schema") if isinstance(stored, dict) else None
+        if schema != SCHEMA:
+            raise UnreadableRunDirectory(f"{path} has schema {schema!r}; this reach_lens reads {SCHEMA!r}: use the "
+                                         "reach_lens that wrote it, or rerun into another --out directory (or move "
+                                         f"this one aside: mv {self.root} {self.root}.old)")
         try:
             protocol = Protocol.from_dict(stored["protocol"])
         except (KeyError, TypeError, ValueError) as e:

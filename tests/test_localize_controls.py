@@ -13,6 +13,7 @@ from reach_lens.localize.controls import _chosen, _enough
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
+from reach_lens.generate import engine_for
 
 N = 200
 STRENGTH = {12: 2 ** 4.5}  # what plant_control's search picks on this pool (7 strengths tried); depth 20 (16.0) is
@@ -35,8 +36,8 @@ def piqa(embedded_model):
 def test_selective_unit_plant_is_found_with_a_margin_over_every_swept_component(embedded_model, piqa, depth,
                                                                                  tmp_path):
     model, (task, questions, base) = embedded_model, piqa
-    store = RunStore(tmp_path, Protocol.of(study="test-control", model=model, task=task, questions=questions,
-                                           fmt="native", probe="screen", settings={"depth": depth}))
+    store = RunStore(tmp_path, Protocol.of(study="test-control", facts=engine_for(model).describe(), task=task,
+                                           questions=questions, fmt="native", probe="screen", settings={"depth": depth}))
     pool, _ = localize.control_pool(model, task, questions, base, "native", depth, store)
     planted, info = localize.plant_control("units", model, task, pool, "native", depth, store, units_k=8,
                                            strength=STRENGTH[depth])

@@ -12,6 +12,7 @@ from reach_lens.hooks import Units, top_units_along
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import Question, get_task
+from reach_lens.generate import engine_for
 
 LAYER, K = 2, 4
 
@@ -49,8 +50,8 @@ def conditions(tmp_path):
         return panel == "healthy" or index < 8 * silenced / model.cfg.d_mlp
 
     task = get_task("arc_easy")
-    store = RunStore(tmp_path / "run", Protocol.of(study="test", model=model, task=task, questions=questions,
-                                                    fmt="shared", probe="screen"))
+    store = RunStore(tmp_path / "run", Protocol.of(study="test", facts=engine_for(model).describe(), task=task,
+                                                    questions=questions, fmt="shared", probe="screen"))
     return Scripted(script, model, task, "shared", store, panels, questions)
 
 

@@ -93,8 +93,8 @@ def test_a_killed_actor_loses_nothing_and_duplicates_nothing(pool, tmp_path):
     task = type("T", (), {"name": "toy", "grader": "toy/1", "max_new_tokens": lambda self, f: 4,
                           "stop_strings": lambda self, f: ()})()
     questions = [type("Q", (), {"id": f"{p}", "gold": "x"})() for part in parts for p in part]
-    store = RunStore(tmp_path / "run", Protocol.of(study="toy", model=model, task=task, questions=questions,
-                                                   fmt="shared", probe="deploy"))
+    store = RunStore(tmp_path / "run", Protocol.of(study="toy", facts=engine_for(model).describe(), task=task,
+                                                   questions=questions, fmt="shared", probe="deploy"))
     killed = None
     for _, rows in pool.map(rows_of, parts):
         store.append("rows", rows)
@@ -108,8 +108,8 @@ def test_a_killed_actor_loses_nothing_and_duplicates_nothing(pool, tmp_path):
     assert sorted(map(tuple, stored.tokens)) == sorted(tuple(r["tokens"]) for rows in expected.values() for r in rows)
 
 
-def test_cli_resume_on_the_pool_equals_resume_in_process(pool, tmp_path):
-    from reach_lens import cli
+def test_run_loop_on_the_pool_equals_the_loop_in_process(pool, tmp_path):
+    from reach_lens.runs import RunLoop
 
     model = make_tiny_model(seed=2)
     items = [type("Q", (), {"id": f"q{i}", "gold": "x", "prompt": p})() for i, p in enumerate(prompts(7, seed=3))]
@@ -120,9 +120,10 @@ def test_cli_resume_on_the_pool_equals_resume_in_process(pool, tmp_path):
         gens = engine_for(model).generate([Request(q.prompt, 4, temperature=1.0, seed=i) for i, q in enumerate(part)])
         return [{"question_id": q.id, "tokens": g.tokens} for q, g in zip(part, gens)]
 
-    protocol = Protocol.of(study="toy", model=model, task=task, questions=items, fmt="shared", probe="deploy")
-    here = cli.resume(RunStore(tmp_path / "here", protocol), "rows", items, 3, rows_of)
-    there = cli.resume(RunStore(tmp_path / "there", protocol), "rows", items, 3, rows_of, pool=pool)
+    protocol = Protocol.of(study="toy", facts=engine_for(model).describe(), task=task, questions=items, fmt="shared",
+                           probe="deploy")
+    here = RunLoop(chunk=3).resume(RunStore(tmp_path / "here", protocol), "rows", items, rows_of)
+    there = RunLoop(chunk=3, pool=pool).resume(RunStore(tmp_path / "there", protocol), "rows", items, rows_of)
     key = lambda df: sorted(zip(df.question_id, map(tuple, df.tokens)))  # noqa: E731
     assert key(here) == key(there) and len(there) == 7
 
@@ -133,20 +134,19 @@ def test_sampling_gap_on_two_workers_equals_one_process(pool, tmp_path, monkeypa
     import importlib.util
     from pathlib import Path
 
-    from reach_lens import cli
-
     path = Path(__file__).resolve().parents[1] / "experiments" / "sampling_gap.py"
     spec = importlib.util.spec_from_file_location("sampling_gap_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     pool.close()  # the script starts its own 2 workers on the 2 CPUs of this cluster
-    monkeypatch.setattr(cli, "_POOL", cli._POOL)  # restored after the test: --workers replaces it
+    made, make_pool = [], parallel.make_pool
+    monkeypatch.setattr(parallel, "make_pool", lambda *a, **k: made.append(make_pool(*a, **k)) or made[-1])
     common = ["--tasks", "arc_easy", "--n", "4", "--K", "2", "--T", "0.8", "--temperatures", "0.8", "--chunk", "1",
               "--figures", str(tmp_path / "figures")]
     assert script.main([*common, "--out", str(tmp_path / "one")]) == 0
     assert script.main([*common, "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
-    assert isinstance(cli._POOL, parallel.RayPool)
-    cli._POOL.close()
+    assert len(made) == 1 and isinstance(made[0], parallel.RayPool)
+    made[0].close()
 
     def records(out):
         run = next(p for p in out.iterdir() if not p.name.startswith("summary-"))

@@ -11,8 +11,10 @@ from conftest import make_tiny_model
 
 from reach_lens.hooks import Silence, Steer
 from reach_lens.models import model_fingerprint
-from reach_lens.protocol import PROBES, Protocol, code_commit, question_set_hash, reach_lens_version
+from reach_lens.protocol import PROBES, Protocol, code_commit, question_set_hash
+from reach_lens.version import reach_lens_version
 from reach_lens.tasks import Question
+from reach_lens.generate import engine_for
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = [Question("q1", "2+2?", "4"), Question("q2", "3+3?", "6"), Question("q3", "1+1?", "2")]
@@ -184,8 +186,8 @@ def test_from_dict_refuses_unknown_and_missing_fields():
 
 def test_of_fills_model_task_and_question_fields():
     model = make_tiny_model(n_layers=2)
-    p = Protocol.of(study="sampling_gap", model=model, task=StandInTask(), questions=QUESTIONS, fmt="shared",
-                    probe="sample", K=4, temperature=0.7, seed=3, source=Path("x/y.jsonl"),
+    p = Protocol.of(study="sampling_gap", facts=engine_for(model).describe(), task=StandInTask(), questions=QUESTIONS,
+                    fmt="shared", probe="sample", K=4, temperature=0.7, seed=3, source=Path("x/y.jsonl"),
                     interventions=[Steer(1, tuple([0.5] * 32), -2.0)], settings={"chunk": 10})
     assert (p.model, p.weights, p.task, p.grader) == ("custom", model_fingerprint(model), "arith", "numeric/1")
     assert (p.questions, p.n, p.seed, p.source, p.split) == (question_set_hash(QUESTIONS), 3, 3, "x/y.jsonl", None)
@@ -193,8 +195,8 @@ def test_of_fills_model_task_and_question_fields():
     assert (p.engine, p.device, p.dtype) == ("transformer_lens", "cpu", "float32")
     assert p.interventions == (Steer(1, tuple([0.5] * 32), -2.0).to_dict(),) and p.settings == {"chunk": 10}
     assert p.version == reach_lens_version() == importlib.metadata.version("reach_lens")
-    recognize = Protocol.of(study="census", model=model, task=StandInTask(), questions=QUESTIONS, fmt="native",
-                            probe="recognize")
+    recognize = Protocol.of(study="census", facts=engine_for(model).describe(), task=StandInTask(), questions=QUESTIONS,
+                            fmt="native", probe="recognize")
     assert recognize.max_new_tokens is None and recognize.stop_strings == () and recognize.K is None
     assert not recognize.matches(p.replace(probe="recognize", K=None, temperature=0.0))  # other fmt, settings, ...
 
@@ -234,10 +236,6 @@ def test_protocols_record_library_versions_and_refuse_rows_of_other_ones(tmp_pat
 def test_optional_libraries_enter_a_protocol_when_the_run_uses_them():
     from reach_lens.protocol import _extra_libraries
 
-    assert _extra_libraries({"weights": "0123456789abcdef"}, object()) == []
-    assert _extra_libraries({"weights": "0123456789abcdef+sae0123456789ab"}, object()) == ["sae-lens"]
-
-    class VLLM:
-        name = "vllm"
-
-    assert _extra_libraries({"weights": "x"}, VLLM()) == ["vllm"]
+    assert _extra_libraries({"weights": "0123456789abcdef"}) == []
+    assert _extra_libraries({"weights": "0123456789abcdef+sae0123456789ab"}) == ["sae-lens"]
+    assert _extra_libraries({"weights": "x", "engine": "vllm (per-request seeds)"}) == ["vllm"]

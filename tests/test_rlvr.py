@@ -308,7 +308,7 @@ def test_format_table():
     trained = table([("a", 1, 4), ("b", 1, 4), ("c", 0, 4), ("d", 1, 4), ("e", 1, 1)])
 
     def greedy(flags):
-        return pd.DataFrame({"question_id": list("abcde"), "d": [bool(f) for f in flags]})
+        return pd.DataFrame({"question_id": list("abcde"), "correct": [bool(f) for f in flags]})
 
     t8 = tables.table8({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))}, n_boot=200).iloc[0]
     assert (t8.n, t8.n_pool) == (5, 3)

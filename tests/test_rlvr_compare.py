@@ -55,7 +55,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     # the edited checkpoint is audited as itself, its own greedy texts and samples, not the base's again (in SQuAD's
     # RLVR format: the zero-shot shared text)
     def texts(label_dir):
-        parts = sorted(label_dir.glob("shared/records/part-*.parquet"))
+        parts = sorted(label_dir.glob("shared/T0.8/records/part-*.parquet"))
         df = pd.concat([pd.read_parquet(p) for p in parts]).set_index("question_id").sort_index()
         return [[t, *(c["text"] for c in cs)] for t, cs in zip(df.deployed_text, df.candidates)]
     run_root = summary.parent

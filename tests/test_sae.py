@@ -475,8 +475,8 @@ def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain,
     try:
         roles = {"q1": "evaluation", "q2": "evaluation", "q3": "calibration"}
         panels = pd.DataFrame([{"question_id": q.id, "panel": "failure", "role": roles[q.id]} for q in questions])
-        store = RunStore(tmp_path, Protocol.of(study="test", model=plain, task=arc, questions=questions, fmt="shared",
-                                               probe="screen"))
+        store = RunStore(tmp_path, Protocol.of(study="test", facts=engine_for(plain).describe(), task=arc,
+                                               questions=questions, fmt="shared", probe="screen"))
         conditions = localize.Conditions(sae_model, arc, "shared", store, panels, questions)
         evaluated = questions[:2]
         v = torch.randn(32, generator=torch.Generator().manual_seed(0))

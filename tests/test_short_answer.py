@@ -9,6 +9,7 @@ import pytest
 from reach_lens.tasks import get_task, sources
 from reach_lens.tasks.base import Question
 from reach_lens.tasks.short_answer import first_line, grade_short_answer, normalize_answer, token_f1
+from reach_lens.generate import engine_for
 
 CHAT = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
 
@@ -282,5 +283,6 @@ def test_squad_on_the_embedded_model_shares_the_shots_and_equals_prompts_run_alo
     shots = shared.prefix_cache.longest_prefix(tuple(shared.encode(task.prompt(questions[0], "fewshot", None))))
     assert shots is not None and len(shots) > 900  # the five shots (~1,000 tokens), computed once for both questions
     assert all(0.0 <= g["f1"] <= 1.0 for g in greedy)  # token F1 recorded beside exact match
-    protocol = Protocol.of(study="test", model=model, task=task, questions=questions, fmt="fewshot", probe="deploy")
+    protocol = Protocol.of(study="test", facts=engine_for(model).describe(), task=task, questions=questions, fmt="fewshot",
+                           probe="deploy")
     assert protocol.prompt == task.prompt_spec("fewshot") and torch.get_num_threads() >= 1

@@ -14,7 +14,7 @@ import pytest
 from reach_lens.hooks import Silence
 from reach_lens.protocol import Protocol, question_set_hash
 from reach_lens.records import make_record
-from reach_lens.store import LegacyRunDirectory, ProtocolMismatch, RunDirectoryBusy, RunStore, UnreadableRunDirectory
+from reach_lens.store import ProtocolMismatch, RunDirectoryBusy, RunStore, UnreadableRunDirectory
 from reach_lens.tasks import Question
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,17 +219,15 @@ def test_a_different_commit_alone_is_fine_and_the_stored_one_stays(tmp_path):
     assert json.loads((tmp_path / "protocol.json").read_text())["protocol"]["commit"] == "c0ffee"
 
 
-def test_a_directory_of_the_earlier_store_is_refused_with_how_to_proceed(tmp_path):
-    old = {"model": "tiny", "checkpoint": "0123456789abcdef", "task": "arith", "n": 12, "seed": 0, "T": 0.8}
-    (tmp_path / "protocol.json").write_text(json.dumps({"fingerprint": "0" * 64, "protocol": old}))
-    with pytest.raises(LegacyRunDirectory) as e:
+def test_a_directory_of_another_schema_is_refused_with_how_to_proceed(tmp_path):
+    other = {"model": "tiny", "checkpoint": "0123456789abcdef", "task": "arith", "n": 12, "seed": 0, "T": 0.8}
+    (tmp_path / "protocol.json").write_text(json.dumps({"fingerprint": "0" * 64, "protocol": other}))
+    with pytest.raises(UnreadableRunDirectory) as e:
         RunStore(tmp_path, PROTOCOL)
     msg = str(e.value)
-    assert str(tmp_path) in msg and "earlier reach_lens" in msg
-    assert "grader" in msg and "question-set content hash" in msg
-    assert "no automatic migration" in msg and "cannot be recovered" in msg
+    assert str(tmp_path) in msg and "schema None" in msg and "reach_lens.run/" in msg
     assert "another --out" in msg and f"mv {tmp_path} {tmp_path}.old" in msg
-    assert json.loads((tmp_path / "protocol.json").read_text())["protocol"] == old  # left as it was
+    assert json.loads((tmp_path / "protocol.json").read_text())["protocol"] == other  # left as it was
 
 
 def test_edited_or_unreadable_protocol_file_is_detected(tmp_path):

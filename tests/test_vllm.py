@@ -201,7 +201,8 @@ def test_real_engine_refuses_hooks_routes_hidden_states_and_records_itself(vllm_
         sample(vllm_engine, task, questions, "native", K=2, temperature=0.8, seed=0, keep_hidden=True)
     with pytest.raises(EngineCapabilityError, match="route"):
         vllm_engine.generate([Request((1, 2), 2, route=(0, 1))])
-    p = Protocol.of(study="t", model=vllm_engine, task=task, questions=questions, fmt="native", probe="deploy")
+    p = Protocol.of(study="t", facts=vllm_engine.describe(), task=task, questions=questions, fmt="native",
+                    probe="deploy")
     assert (p.engine, p.device, p.dtype) == ("vllm (per-request seeds)", vllm_engine.device, "float32")
     distribution = metadata.packages_distributions()["vllm"][0]
     assert p.libraries[distribution] == metadata.version(distribution)

@@ -1,8 +1,8 @@
-"""One checkpoint's audit under the study's protocol, resumable, and the check that checkpoints are comparable.
+"""One checkpoint's audit under the study's protocol, and the check that checkpoints are comparable.
 
-    p = sample_protocol(model, task, questions, "native", samples=8, T=0.8, seed=0, settings=settings)
-    records = sample_records(model, task, questions, "native", 8, 0.8, 0, RunStore(run / "native", p), chunk=20)
-    check_comparable({"base": p_base, "grpo": p_grpo})      # ProtocolMismatch naming every differing field
+    ps = audit_protocols(engine, task, questions, "shared", "fewshot", samples=8, T=0.8, seed=0, settings=settings)
+    check_comparable({"base": ps_base["sampled"], "grpo": ps["sampled"]})  # ProtocolMismatch naming every field
+    records, control = audit_checkpoint(loop, engine, task, questions, ps, run / "grpo", "grpo")
     at_k = records_at(records, 4)                           # the first 4 samples: the K = 4 probe, exactly
 
 Sample k of a question is seeded by (seed, question id, k) alone (``probes.sample``), so the first K of 2K
@@ -12,13 +12,16 @@ samples are exactly what a K-sample probe draws: one set of 2K samples gives the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from reach_lens import cli, probes
+from reach_lens import probes
+from reach_lens.generate import engine_for
 from reach_lens.protocol import Protocol, canonical_json
 from reach_lens.records import make_record
+from reach_lens.runs import RunLoop
 from reach_lens.select import majority_vote
 from reach_lens.store import ProtocolMismatch, RunStore
 
@@ -26,18 +29,39 @@ STUDY = "rlvr_compare"
 CHECKPOINT_FIELDS = ("model", "weights")  # what may differ between the checkpoints of one comparison
 
 
-def sample_protocol(model: Any, task: Any, questions: Sequence[Any], fmt: str, samples: int, T: float, seed: int,
-                    settings: Mapping[str, Any], source: str | None = None, split: str | None = None) -> Protocol:
-    """Greedy answer plus ``samples`` samples at temperature ``T`` per question."""
-    return Protocol.of(study=STUDY, model=model, task=task, questions=questions, fmt=fmt, probe="sample",
-                       K=samples, temperature=T, seed=seed, source=source, split=split, settings=dict(settings))
+def audit_protocols(engine: Any, task: Any, questions: Sequence[Any], fmt: str, control_fmt: str, samples: int,
+                    T: float, seed: int, settings: Mapping[str, Any], source: str | None = None,
+                    split: str | None = None) -> dict[str, Protocol]:
+    """The three runs of one checkpoint's audit: ``deployed`` (greedy answers in ``fmt``), ``sampled`` (``samples``
+    samples at temperature ``T`` in ``fmt``) and ``control`` (greedy answers in ``control_fmt``, for the
+    format-transfer table). ``engine``: a HookedTransformer or an engine."""
+    facts = engine_for(engine).describe()
+
+    def greedy(fmt: str) -> Protocol:
+        return Protocol.of(study=STUDY, facts=facts, task=task, questions=questions, fmt=fmt, probe="deploy", seed=seed,
+                           source=source, split=split, settings=dict(settings))
+
+    deployed = greedy(fmt)
+    return {"deployed": deployed, "sampled": deployed.replace(probe="sample", K=samples, temperature=T),
+            "control": greedy(control_fmt)}
 
 
-def deploy_protocol(model: Any, task: Any, questions: Sequence[Any], fmt: str, seed: int,
-                    settings: Mapping[str, Any], source: str | None = None, split: str | None = None) -> Protocol:
-    """Greedy answers only (the format control's shared-format runs)."""
-    return Protocol.of(study=STUDY, model=model, task=task, questions=questions, fmt=fmt, probe="deploy", seed=seed,
-                       source=source, split=split, settings=dict(settings))
+def audit_checkpoint(loop: RunLoop, engine: Any, task: Any, questions: Sequence[Any],
+                     protocols: Mapping[str, Protocol], run: Path, label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One checkpoint's records (greedy answer and samples in the main format) and its greedy answers in the
+    control format, computed only where the stores under ``run`` lack them: ``run/<fmt>/deployed``,
+    ``run/<fmt>/T<T>``, ``run/<control fmt>/deployed``."""
+    main, sampled, control = protocols["deployed"], protocols["sampled"], protocols["control"]
+    deployed = loop.deployed(engine, task, questions, main.fmt, RunStore(run / main.fmt / "deployed", main),
+                             desc=f"{label}: greedy ({main.fmt})")
+    records = loop.records(
+        RunStore(run / main.fmt / f"T{sampled.temperature:g}", sampled), questions, deployed,
+        lambda part: probes.sample(engine, task, part, main.fmt, K=sampled.K, temperature=sampled.temperature,
+                                   seed=sampled.seed, batch_size=loop.batch_size),
+        desc=f"{label}: {sampled.K} samples ({main.fmt})")
+    greedy_control = loop.deployed(engine, task, questions, control.fmt,
+                                   RunStore(run / control.fmt / "deployed", control), desc=f"{label}: greedy ({control.fmt})")
+    return records, greedy_control
 
 
 def mismatches(reference: Protocol, other: Protocol) -> list[str]:
@@ -72,41 +96,6 @@ def check_comparable(protocols: Mapping[str, Protocol], reference: str | None = 
     if problems:
         raise ProtocolMismatch("checkpoints are compared only under one protocol (everything but model and weights "
                                "must match); refusing:\n" + "\n".join(problems))
-
-
-def sample_records(model: Any, task: Any, questions: Sequence[Any], fmt: str, samples: int, T: float, seed: int,
-                   store: RunStore, chunk: int, batch_size: int = 16, desc: str | None = None) -> pd.DataFrame:
-    """Records (``records.make_record``) of the greedy answer and ``samples`` samples, computed only for the
-    questions ``store`` lacks; returned in ``questions`` order."""
-
-    def rows_of(part: list) -> list[dict]:
-        deployed = probes.deploy(model, task, part, fmt, batch_size=batch_size)
-        cands = probes.sample(model, task, part, fmt, K=samples, temperature=T, seed=seed, batch_size=batch_size)
-        return [make_record(q.id, q.gold, d, c, majority_vote(c)) for q, d, c in zip(part, deployed, cands)]
-
-    table = cli.resume(store, "records", questions, chunk, rows_of, desc=desc)
-    return _in_order(table, questions)
-
-
-def deploy_records(model: Any, task: Any, questions: Sequence[Any], fmt: str, store: RunStore, chunk: int,
-                   batch_size: int = 16, desc: str | None = None) -> pd.DataFrame:
-    """Greedy answers: question_id, gold, text, answer, d (correct); computed only where ``store`` lacks them."""
-
-    def rows_of(part: list) -> list[dict]:
-        outs = probes.deploy(model, task, part, fmt, batch_size=batch_size)
-        return [{"question_id": q.id, "gold": q.gold, "text": o["text"], "answer": o["answer"], "d": bool(o["correct"])}
-                for q, o in zip(part, outs)]
-
-    table = cli.resume(store, "deployed", questions, chunk, rows_of, desc=desc)
-    return _in_order(table, questions)
-
-
-def _in_order(table: pd.DataFrame, questions: Sequence[Any]) -> pd.DataFrame:
-    ids = [q.id for q in questions]
-    missing = sorted(set(ids) - set(table["question_id"]))
-    if missing:
-        raise RuntimeError(f"{len(missing)} questions have no stored row (e.g. {missing[:5]})")
-    return table.set_index("question_id").loc[ids].reset_index()
 
 
 def records_at(records: pd.DataFrame, k: int) -> pd.DataFrame:

@@ -22,9 +22,7 @@ from reach_lens.protocol import canonical_json
 KINDS = ("grpo", "sft")
 PRECISIONS = ("float32", "bfloat16", "float16")
 PROMPT_FILTERS = (None, "informative")
-# fields added after checkpoints were first named, with their default: a field enters a name's hash only when set
-# otherwise, so a checkpoint trained before the field existed keeps its name and is found again
-LATER_FIELDS = {"prompt_filter": None}
+REFINEMENTS = ("prompt_filter",)  # optional refinements of a recipe: they enter its name's hash only when set
 
 
 @dataclass(frozen=True)
@@ -108,23 +106,21 @@ trained from; two bases never share a recipe, so never a checkpoint directory).
 
     @property
     def name(self) -> str:
-        hashed = {k: v for k, v in self.to_dict().items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+        hashed = {k: v for k, v in self.to_dict().items() if k not in REFINEMENTS or v is not None}
         digest = hashlib.sha256(canonical_json(hashed).encode()).hexdigest()[:8]
         tuning = self.tuning + ("" if self.prompt_filter is None else f"-{self.prompt_filter}")
         return f"{self.kind}-{Path(self.base).name}-{self.task}-{tuning}-{self.steps}steps-s{self.seed}-{digest}"
 
 
 DEFAULTS = {
-    # sized by measurement on this 2-core CPU at one thread beside other jobs (README): ~12 s per step of
-    # 1 prompt x 8 completions (ended at the task's stop tokens, <= 8 tokens), so 150 steps fit 45 minutes
+    # sized to fit 45 minutes of a 2-core CPU (docs/results.md): 1 prompt x 8 completions per step
     "grpo": dict(steps=150, learning_rate=2e-4, lora_r=16, num_generations=8, prompts_per_step=1, temperature=1.0),
     # 8 gold answers per step, the same LoRA and split: 70 steps are about two epochs of the training split
     "sft": dict(steps=70, learning_rate=2e-4, lora_r=16, batch_size=8),
 }
 TASK_DEFAULTS = {
-    # SQuAD's zero-shot prompts (~230 tokens) cost about 3x ARC's per step (measured: 50-70 s per GRPO step at one
-    # thread beside another study), so 60 GRPO steps; an SFT step of 8 gold answers costs about as much (~50 s), so
-    # 40 steps: 320 gold answers, three quarters of an epoch of its 418 training questions
+    # SQuAD's zero-shot prompts (~230 tokens) cost about 3x ARC's per step, so 60 GRPO steps; 40 SFT steps are 320
+    # gold answers, three quarters of an epoch of its 418 training questions
     "squad": {"grpo": dict(steps=60), "sft": dict(steps=40)},
 }
 

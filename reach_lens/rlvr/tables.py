@@ -225,7 +225,7 @@ def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[in
 def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]], n_boot: int = 2000,
            seed: int = 0) -> pd.DataFrame:
     """Format transfer, per trained checkpoint: (base records at K in the trained format, trained records at K in
-    it, base greedy rows in the control format, trained greedy rows in it). When base and trained checkpoints
+    it, base greedy answers in the control format, trained greedy answers in it: ``runs.RunLoop.deployed`` rows). When base and trained checkpoints
     share one chat template (as LoRA checkpoints of one model do), this measures whether gains transfer to an
     untrained plain prompt; only a checkpoint that brings its own template measures the paper's native vs
     shared format confound.
@@ -243,8 +243,9 @@ def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, p
         for name, t in (("trained", trained), ("base shared", base_shared), ("trained shared", trained_shared)):
             if sorted(t["question_id"]) != sorted(ids):
                 raise ValueError(f"{label}: {name} rows are not the base's question set")
-        d = {k: t.set_index("question_id").loc[ids, "d"].astype(bool).to_numpy()
-             for k, t in (("bn", base), ("tn", trained), ("bs", base_shared), ("ts", trained_shared))}
+        d = {k: t.set_index("question_id").loc[ids, column].astype(bool).to_numpy()
+             for k, t, column in (("bn", base, "d"), ("tn", trained, "d"), ("bs", base_shared, "correct"),
+                                  ("ts", trained_shared, "correct"))}
         pool = (base.set_index("question_id").loc[ids, "o"].astype(bool).to_numpy()) & ~d["bn"]
         nat, sh = d["tn"][pool], d["ts"][pool]
         retained = float(sh.mean() / nat.mean()) if nat.any() else math.nan

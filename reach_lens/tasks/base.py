@@ -190,13 +190,18 @@ class Task(ABC):
         self.check_format(fmt)
         return None
 
-    def resolve_format(self, fmt: str, tokenizer: Any) -> str:
+    def resolve_format(self, fmt: str, tokenizer: Any, zero_shot: bool = False) -> str:
         """``fmt``, or for ``"auto"`` the task's ``default_format``, with ``"native"`` replaced by ``"shared"`` for
-        a tokenizer without a chat template (a base model)."""
+        a tokenizer without a chat template (a base model). ``zero_shot``: the study pays the whole prompt again
+        for every candidate (a layer route recomputes it from its first edit on; training generates and
+        back-propagates every completion with its prompt), so ``auto`` picks the zero-shot ``"shared"`` text
+        where the default is ``"fewshot"``."""
         if fmt != "auto":
             self.check_format(fmt)
             return fmt
         if self.default_format == "native" and getattr(tokenizer, "chat_template", None) is None:
+            return "shared"
+        if zero_shot and self.default_format == "fewshot":
             return "shared"
         return self.default_format
 
