@@ -33,9 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots
+from reach_lens import audit, cli, plots, stats
 from reach_lens.generate import Engine, TransformerLensEngine
 from reach_lens.rlvr import tables
+from reach_lens.rlvr.fates import hit_rate_bins
 from reach_lens.rlvr.report import report
 from reach_lens.rlvr.audit_run import (
     check_comparable,
@@ -89,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     try:
         if args.bins is not None:
-            audit.hit_rate_bins(args.K, args.bins)
+            hit_rate_bins(args.K, args.bins)
     except ValueError as e:
         p.error(f"--bins: {e}")
     if args.checkpoints is not None and len({label for label, _ in args.checkpoints}) != len(args.checkpoints):
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
     t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
                        seed=args.seed)
     curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
-    curves["guess"] = audit.guesser_reach(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
+    curves["guess"] = stats.guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
     for t in (t5, fates, prop, t6, t7, t8, curves, cross):
         t.insert(1, "T", args.T)
     summary = cli.summary_dir(run_root, [p for group in protocols.values() for p in group.values()])

@@ -49,7 +49,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, plots
+from reach_lens import audit, cli, plots, stats
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
                                   args.collapse_threshold, args.seed, random_method=random_method(law))
         floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
         curves = tables["oracle_curves"]
-        curves["guess"] = [audit.guesser_reach(floors[t], k) for t, k in zip(curves.task, curves.k)]
+        curves["guess"] = [stats.guessing_floor(floors[t], k) for t, k in zip(curves.task, curves.k)]
         tag = f"{base.cfg.model_name}-n{args.n}-K{args.K}-{law}"  # two models' runs never share a figure
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_model
 
-from reach_lens.audit import wilson_interval
+from reach_lens.stats import wilson_interval
 from reach_lens.probes import deploy
 from reach_lens.records import make_record
 import reach_lens.routing.evaluate as evaluate

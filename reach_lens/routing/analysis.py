@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.audit import bootstrap_ci, wilson_band, wilson_interval
+from reach_lens.stats import bootstrap_ci, wilson_band, wilson_interval
 from reach_lens.select import majority_vote, recovery, recovery_table
 
 TABLE1_SPACE = "skip_repeat"
