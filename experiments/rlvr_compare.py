@@ -193,14 +193,14 @@ def main(argv=None) -> int:
     at_k = {label: records_at(r, args.K) for label, r in native.items()}
     pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
     pairs_2k = {label: (native[BASE], native[label]) for label in trained}
-    t5 = tables.table5(pairs_k, m, seed=args.seed)
+    t5 = tables.checkpoint_changes(pairs_k, m, seed=args.seed)
     fates = tables.fates_table(pairs_k, seed=args.seed, base_samples=native[BASE])
     prop = pd.concat([tables.propensity(pairs_k, args.bins, seed=args.seed),
                       tables.propensity(pairs_2k, args.bins, seed=args.seed)], ignore_index=True)
-    t6 = tables.table6(pairs_2k, args.K, m, seed=args.seed)
-    t7 = tables.table7(native, args.K, m)
-    t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
-                       seed=args.seed)
+    t6 = tables.checkpoint_changes_by_budget(pairs_2k, args.K, m, seed=args.seed)
+    t7 = tables.deployed_vote_oracle(native, args.K, m)
+    t8 = tables.format_transfer({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
+                                seed=args.seed)
     curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
     curves["guess"] = stats.guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
     for t in (t5, fates, prop, t6, t7, t8, curves, cross):

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     cli.check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
-    L, space1 = base.cfg.n_layers, analysis.table1_space(args.spaces)
+    L, space1 = base.cfg.n_layers, analysis.gains_space(args.spaces)
     cells, protocols = {}, []
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)

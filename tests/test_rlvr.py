@@ -74,7 +74,7 @@ def test_every_fate_and_the_fates_table():
 def test_delta_n_reachable_and_table5():
     base = table([("a", 0, 1), ("b", 0, 2), ("c", 1, 1), ("d", 0, 0), ("e", 0, 3)])
     trained = table([("a", 1, 4), ("b", 1, 0), ("c", 1, 0), ("d", 0, 0), ("e", 0, 0)])
-    t5 = tables.table5({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
+    t5 = tables.checkpoint_changes({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
     assert (t5.n, t5.K) == (5, 4)
     assert (t5.n_reachable_base, t5.n_reachable_trained, t5.delta_n_reachable) == (4, 1, -3)
     assert t5.D_base == pytest.approx(0.2) and t5.D_trained == pytest.approx(0.6)
@@ -291,14 +291,14 @@ def test_records_at_and_budget_table():
     assert at4["d"].tolist() == [False, False, True]
     with pytest.raises(ValueError, match="out of range"):
         records_at(base, 9)
-    t6 = tables.table6({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
+    t6 = tables.checkpoint_changes_by_budget({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
     assert list(t6.index) == [4, 8] and (t6["samples"] == 8).all()
     assert t6.loc[4, "O_base"] == pytest.approx(1 / 3) and t6.loc[8, "O_base"] == pytest.approx(2 / 3)
     assert t6.loc[4, "delta_n_reachable"] == 1 and t6.loc[8, "delta_n_reachable"] == 0
     # unbiased reach@4 from 8 samples: a and b have 1 hit of 8 -> 1 - C(7,4)/C(8,4) = 0.5 each; c has 0
     assert t6.loc[4, "reach_base_unbiased"] == pytest.approx((0.5 + 0.5 + 0) / 3)
     assert t6.loc[8, "floor"] == pytest.approx(1 - 0.75 ** 8)
-    t7 = tables.table7({"base": base, "rl": trained}, K=4, m=[4, 4, 5]).set_index("checkpoint")
+    t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=4, m=[4, 4, 5]).set_index("checkpoint")
     assert t7.loc["rl", "D"] == pytest.approx(1.0) and t7.loc["rl", "O"] == pytest.approx(2 / 3)
     assert t7.loc["base", "O_all"] == pytest.approx(2 / 3) and t7.loc["base", "samples"] == 8
     assert t7.loc["base", "floor"] == pytest.approx(np.mean([1 - 0.75 ** 4, 1 - 0.75 ** 4, 1 - 0.8 ** 4]))
@@ -312,13 +312,14 @@ def test_format_table():
     def greedy(flags):
         return pd.DataFrame({"question_id": list("abcde"), "d": [bool(f) for f in flags]})
 
-    t8 = tables.table8({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))}, n_boot=200).iloc[0]
+    t8 = tables.format_transfer({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))},
+                                n_boot=200).iloc[0]
     assert (t8.n, t8.n_pool) == (5, 3)
     assert t8.realized_native == pytest.approx(2 / 3) and t8.realized_shared == pytest.approx(1 / 3)
     assert t8.base_realized_shared == pytest.approx(1 / 3)
     assert t8.retained == pytest.approx(0.5) and t8.retained_lo <= t8.retained_hi
     assert t8.D_trained_shared == pytest.approx(0.6) and t8.D_base_native == pytest.approx(0.2)
-    nothing = tables.table8({"rl": (base, base, greedy([0] * 5), greedy([0] * 5))}, n_boot=50).iloc[0]
+    nothing = tables.format_transfer({"rl": (base, base, greedy([0] * 5), greedy([0] * 5))}, n_boot=50).iloc[0]
     assert nothing.realized_native == 0 and math.isnan(nothing.retained)
 
 
@@ -423,10 +424,10 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
 
     base, trained = pair()
     pairs = {"rl": (base, trained), "sft": (base, base)}
-    t5 = tables.table5(pairs, m=4, n_boot=100).assign(T=0.8)
+    t5 = tables.checkpoint_changes(pairs, m=4, n_boot=100).assign(T=0.8)
     fates = tables.fates_table(pairs).assign(T=0.8)
     prop = tables.propensity(pairs).assign(T=0.8)
-    t7 = tables.table7({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
+    t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
     plots.plot_rlvr_fates(fates, tmp_path / "fates.png")
     plots.plot_rlvr_changes(t5, tmp_path / "changes.png")
     plots.plot_rlvr_propensity(prop, tmp_path / "prop.png")
@@ -450,10 +451,11 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     assert [round(float(y), 9) for y in ticks6a[0].get_ydata()] == pytest.approx(
         list(fates.gains_from_reachable_expected))
     # free-form answers: no floor line, and the pair says so
-    free_t7 = tables.table7({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
+    free_t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
     plots.plot_rlvr_lineage(free_t7, tmp_path / "lin_free.png")
     assert not [ln for ln in drawn["lin_free"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
-    plots.plot_rlvr_changes(tables.table5(pairs, m=None, n_boot=100).assign(T=0.8), tmp_path / "changes_free.png")
+    plots.plot_rlvr_changes(tables.checkpoint_changes(pairs, m=None, n_boot=100).assign(T=0.8),
+                            tmp_path / "changes_free.png")
     assert all("free-form" in t.get_text() for t in drawn["changes_free"].axes[0].get_xticklabels())
     points = {c.get_label(): c.lines[0] for c in drawn["prop"].axes[0].containers}  # one panel: K = 4
     for (p, K), g in prop.groupby(["pair", "K"], sort=False):

@@ -1,13 +1,13 @@
-"""The study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
+"""The RLVR study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
 
-    table5({"grpo": (base_K, grpo_K)}, floor)      # per pair: n, K, D/O of both, delta n_reachable
-    fates_table({"grpo": (base_K, grpo_K)}, base_samples=base_2K)   # Figure 6a's counts and their two nulls
-    propensity({"grpo": (base, grpo)})              # Figure 7: realization by base hit-rate bin
-    table6({"grpo": (base_2K, grpo_2K)}, K, m)      # budget control: K and 2K from one set of 2K samples
-    table7({"base": base_2K, "grpo": ...}, K, m)    # lineage: deployed, majority vote, oracle
-    reach_curves({"base": base_2K, "grpo": ...})    # reach@k, k = 1..2K, per checkpoint
-    crossovers({"base": base_2K, "grpo": ...}, "base")   # where the base's reach@k overtakes each trained one's
-    table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format transfer
+    checkpoint_changes({"grpo": (base_K, grpo_K)}, m)                 # Table 5: D/O of both, delta n_reachable
+    fates_table({"grpo": (base_K, grpo_K)}, base_samples=base_2K)     # Figure 6a's counts and their two nulls
+    propensity({"grpo": (base, grpo)})                                # Figure 7: realization by base hit-rate bin
+    checkpoint_changes_by_budget({"grpo": (base_2K, grpo_2K)}, K, m)  # Table 6: at K and 2K from one set of 2K
+    deployed_vote_oracle({"base": base_2K, "grpo": ...}, K, m)        # Table 7, lineage: D, vote@K, O_K
+    reach_curves({"base": base_2K, "grpo": ...})                      # reach@k, k = 1..2K, per checkpoint
+    crossovers({"base": base_2K, "grpo": ...}, "base")                # where the base's reach@k overtakes
+    format_transfer({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # Table 8
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
 every oracle is reported beside the uniform guesser's ``1 - (1 - 1/m)^K`` (averaged over questions).
@@ -43,9 +43,10 @@ def _wilson(prefix: str, x: np.ndarray) -> dict:
             f"{prefix}_n": len(x)}
 
 
-def table5(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None, n_boot: int = 2000,
-           seed: int = 0) -> pd.DataFrame:
-    """The paper's Table 5, one row per (base, trained) pair of records at one K.
+def checkpoint_changes(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None,
+                       n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Base -> trained changes of D and O_K (the paper's Table 5), one row per (base, trained) pair of records at
+    one K.
 
     Columns: pair, n, K, floor, D_base, O_base, D_trained, O_trained (Wilson 95%, _lo/_hi), D_change, O_change
     (paired bootstrap 95%), n_reachable_base/_trained, delta_n_reachable (with _lo/_hi = n x O_change's).
@@ -137,9 +138,10 @@ def _reach_at(records: pd.DataFrame, k: int) -> float:
     return float(np.mean([pass_at_k(int(K), int(h), k) for K, h in zip(records["K"], records["hits"])]))
 
 
-def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: int | Sequence[int] | None,
-           n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Budget control from records of 2K samples: one row per pair and budget (K, 2K).
+def checkpoint_changes_by_budget(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int,
+                                 m: int | Sequence[int] | None, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Base -> trained changes at two budgets, K and 2K, from records of 2K samples (the paper's Table 6, its budget
+    control): one row per pair and budget.
 
     At each budget: O of base and trained on that many samples (the first K, or all 2K; Wilson 95%), their
     gaps O - D, the paper's gap O_base - O_trained (``O_drop``, paired bootstrap 95%), delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
@@ -206,8 +208,10 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
     return out
 
 
-def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[int] | None) -> pd.DataFrame:
-    """Lineage control: per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson 95%), O at all samples."""
+def deployed_vote_oracle(checkpoints: Mapping[str, pd.DataFrame], K: int,
+                         m: int | Sequence[int] | None) -> pd.DataFrame:
+    """Lineage control (the paper's Table 7): per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson
+    95%), O at all samples."""
     rows = []
     for label, records in checkpoints.items():
         total = int(records["K"].iloc[0])
@@ -219,13 +223,13 @@ def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[in
     return pd.DataFrame(rows)
 
 
-def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]], n_boot: int = 2000,
-           seed: int = 0) -> pd.DataFrame:
-    """Format transfer, per trained checkpoint: (base records at K in the trained format, trained records at K in
-    it, base greedy rows in the control format, trained greedy rows in it). When base and trained checkpoints
-    share one chat template (as LoRA checkpoints of one model do), this measures whether gains transfer to an
-    untrained plain prompt; only a checkpoint that brings its own template measures the paper's native vs
-    shared format confound.
+def format_transfer(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]],
+                    n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Format transfer (the paper's Table 8), per trained checkpoint: (base records at K in the trained format,
+    trained records at K in it, base greedy rows in the control format, trained greedy rows in it). When base and
+    trained checkpoints share one chat template (as LoRA checkpoints of one model do), this measures whether gains
+    transfer to an untrained plain prompt; only a checkpoint that brings its own template measures the paper's
+    native vs shared format confound.
 
     Population P: questions base-reachable but not base-realized under the native protocol. Columns: pair,
     n (all questions), n_pool (|P|), D_base/D_trained under each format (``_native``, ``_shared``; Wilson),
