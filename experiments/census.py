@@ -6,7 +6,7 @@
 
 For each cell: recognition accuracy (gold option ranked first by option log-likelihood), direct-generation
 accuracy (greedy answer graded), and the count of questions meeting the failure criterion (recognition
-correct, generation wrong). A cell *meets the criterion* (`audit.meets_criterion`) when its recognition
+correct, generation wrong). A cell *meets the criterion* (`census.meets_criterion`) when its recognition
 accuracy exceeds its generation accuracy with disjoint 95% Wilson intervals and it holds at least
 ``--min-failures`` failure questions: a failure set large enough for the localization study.
 
@@ -20,7 +20,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, localize, logs, plots
+from reach_lens import audit, census, cli, localize, logs, plots, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
@@ -100,8 +100,8 @@ def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, 
             name if sparsity == 0 else f"{name} mlp{sparsity:g}")
         rows.append({"cell": f"{checkpoint} / {t}", "label": f"{short} / {t}", "checkpoint": checkpoint,
                      "sparsity": sparsity, "task": t, "fmt": fmt,
-                     "chance": audit.guesser_reach(audit.options_per_question(qs), 1),
-                     **audit.census_cell(screened, args.min_failures)})
+                     "chance": stats.guessing_floor(audit.options_per_question(qs), 1),
+                     **census.census_cell(screened, args.min_failures)})
     return rows
 
 

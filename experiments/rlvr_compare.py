@@ -34,12 +34,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from reach_lens import audit, cli, logs, plots
+from reach_lens import audit, cli, logs, plots, stats
 from reach_lens.errors import UserError
 from reach_lens.generate import Engine, TransformerLensEngine
 from reach_lens.models import checkpoint_tokenizer, local_checkpoint
 from reach_lens.rlvr import tables
 from reach_lens.rlvr.audit_run import audit_checkpoint, audit_protocols, check_comparable, records_at
+from reach_lens.rlvr.fates import hit_rate_bins
 from reach_lens.rlvr.recipes import KINDS, base_name, checkpoint_path, default_recipe
 from reach_lens.rlvr.report import report
 from reach_lens.rlvr.split import check_disjoint, split_questions
@@ -85,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     try:
         if args.bins is not None:
-            audit.hit_rate_bins(args.K, args.bins)
+            hit_rate_bins(args.K, args.bins)
     except ValueError as e:
         p.error(f"--bins: {e}")
     if args.checkpoints is not None and len({label for label, _ in args.checkpoints}) != len(args.checkpoints):
@@ -184,16 +185,16 @@ def main(argv=None) -> int:
     at_k = {label: records_at(r, args.K) for label, r in native.items()}
     pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
     pairs_2k = {label: (native[BASE], native[label]) for label in trained}
-    t5 = tables.table5(pairs_k, m, seed=args.seed)
+    t5 = tables.checkpoint_changes(pairs_k, m, seed=args.seed)
     fates = tables.fates_table(pairs_k, seed=args.seed, base_samples=native[BASE])
     prop = pd.concat([tables.propensity(pairs_k, args.bins, seed=args.seed),
                       tables.propensity(pairs_2k, args.bins, seed=args.seed)], ignore_index=True)
-    t6 = tables.table6(pairs_2k, args.K, m, seed=args.seed)
-    t7 = tables.table7(native, args.K, m)
-    t8 = tables.table8({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
-                       seed=args.seed)
+    t6 = tables.checkpoint_changes_by_budget(pairs_2k, args.K, m, seed=args.seed)
+    t7 = tables.deployed_vote_oracle(native, args.K, m)
+    t8 = tables.format_transfer({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
+                                seed=args.seed)
     curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
-    curves["guess"] = audit.guesser_reach(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
+    curves["guess"] = stats.guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
     for t in (t5, fates, prop, t6, t7, t8, curves, cross):
         t.insert(1, "T", args.T)
     summary = summary_dir(run_root, protocols)

@@ -49,7 +49,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, logs, plots
+from reach_lens import audit, cli, logs, plots, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     check_formats(args.fmt, tasks.values())
     questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
     base = cli.load(args)
-    L, space1 = base.cfg.n_layers, analysis.table1_space(args.spaces)
+    L, space1 = base.cfg.n_layers, analysis.gains_space(args.spaces)
     cells, protocols = {}, []
     for label in args.models:
         model = base if label == "embedded" else prune_magnitude(base, args.prune_sparsity)
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
                                   args.collapse_threshold, args.seed, random_method=random_method(law))
         floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
         curves = tables["oracle_curves"]
-        curves["guess"] = [audit.guesser_reach(floors[t], k) for t, k in zip(curves.task, curves.k)]
+        curves["guess"] = [stats.guessing_floor(floors[t], k) for t, k in zip(curves.task, curves.k)]
         tag = f"{base.cfg.model_name}-n{args.n}-K{args.K}-{law}"  # two models' runs never share a figure
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)

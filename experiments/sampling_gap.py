@@ -21,7 +21,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, logs, plots, probes
+from reach_lens import audit, cli, logs, plots, probes, stats
 from reach_lens.generate import engine_for
 from reach_lens.protocol import Protocol
 from reach_lens.runs import publish, summary_dir
@@ -67,12 +67,12 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, list[Protocol]]:
         desc=f"sampling {task.name}, K={args.K}, T={T:g}") for T, p in sample.items()}
     options = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
     sweep = audit.temperature_sweep(records, seed=args.seed).assign(
-        guess_D=audit.guesser_reach(options, 1), guess_O=audit.guesser_reach(options, args.K))
+        guess_D=stats.guessing_floor(options, 1), guess_O=stats.guessing_floor(options, args.K))
     r = sweep[sweep["T"] == args.T].iloc[0]
     row = {"model": name, "task": task.name, "fmt": fmt, "T": args.T, **audit.gap_table_row(r),
            "guess_deployed": r.guess_D, "guess_oracle": r.guess_O}
     curve = audit.reach_curve(records[args.T], seed=args.seed)
-    curve["guess"] = audit.guesser_reach(options, curve["k"])
+    curve["guess"] = stats.guessing_floor(options, curve["k"])
     out = summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
     for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
         df.to_csv(out / f"{file}.csv", index=False)

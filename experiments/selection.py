@@ -28,7 +28,7 @@ import time
 
 import pandas as pd
 
-from reach_lens import audit, cli, logs, plots, probes
+from reach_lens import audit, cli, logs, plots, probes, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
                               .assign(model=label, task=t))
             sweep = audit.temperature_sweep({T: tables[f"T{T:g}"] for T in temperatures(args)}, seed=args.seed)
             options = audit.options_per_question(questions[t])  # None for free-form: no guessing floor
-            sweeps.append(sweep.assign(model=label, task=t, guess_D=audit.guesser_reach(options, 1),
-                                       guess_O=audit.guesser_reach(options, args.K)))
+            sweeps.append(sweep.assign(model=label, task=t, guess_D=stats.guessing_floor(options, 1),
+                                       guess_O=stats.guessing_floor(options, args.K)))
             protocols += cell_protocols
     recovery, sweep = pd.concat(recoveries, ignore_index=True), pd.concat(sweeps, ignore_index=True)
     medians = analysis.recovery_summary(recovery[recovery.probe.isin(["routes", f"T{args.T:g}"])])

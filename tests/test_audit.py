@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach_lens.audit import (REACHABILITY_FATES, REALIZATION_FATES, bootstrap_ci, breakage_rate, fate_counts, fates,
-                              pass_at_k, reach_curve, realization_by_hit_rate_bin, repair_rate, summarize,
-                              wilson_interval)
+from reach_lens.audit import reach_curve, summarize
+from reach_lens.rlvr.fates import (REACHABILITY_FATES, REALIZATION_FATES, fate_counts, fates,
+                                   realization_by_hit_rate_bin)
+from reach_lens.stats import bootstrap_ci, breakage_rate, pass_at_k, repair_rate, wilson_interval
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
 
@@ -206,7 +207,8 @@ def test_repair_and_breakage_rates():
 
 
 def test_independence_baseline_and_gains_from_reachable_questions():
-    from reach_lens.audit import gains_under_independence, independence_baseline
+    from reach_lens.rlvr.fates import gains_under_independence
+    from reach_lens.stats import independence_baseline
 
     # 40 base-unrealized questions, 10 base-reachable; 8 gains, all from the reachable ones
     rows_b = [(f"r{i}", 0, 2) for i in range(10)] + [(f"u{i}", 0, 0) for i in range(30)]

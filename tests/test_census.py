@@ -1,8 +1,9 @@
-"""The census criterion (`audit.census_cell`, `audit.meets_criterion`) on hand-made screens: both branches."""
+"""The census criterion (`census.census_cell`, `census.meets_criterion`) on hand-made screens: both branches."""
 import pandas as pd
 import pytest
 
-from reach_lens.audit import _rate, census_cell, meets_criterion, wilson_interval
+from reach_lens.census import census_cell, meets_criterion
+from reach_lens.stats import wilson_interval, wilson_rate
 
 
 def screen(recognized: int, generated: int, fail: int, n: int, unparsed: int = 0) -> pd.DataFrame:
@@ -40,10 +41,10 @@ def test_too_few_failures_fail_the_criterion_even_with_disjoint_intervals():
 
 
 def test_meets_criterion_compares_the_interval_bounds():
-    rec, gen = _rate(30, 40), _rate(8, 40)
+    rec, gen = wilson_rate(30, 40), wilson_rate(8, 40)
     assert meets_criterion(rec, gen, n_fail=5, min_failures=5)
     assert not meets_criterion(gen, rec, n_fail=5, min_failures=5)  # generation above recognition
-    assert not meets_criterion(_rate(20, 40), _rate(12, 40), n_fail=9, min_failures=5)  # 0.5 vs 0.3 overlap at n=40
+    assert not meets_criterion(wilson_rate(20, 40), wilson_rate(12, 40), n_fail=9, min_failures=5)  # 0.5 vs 0.3 overlap at n=40
 
 
 def test_census_cell_needs_the_screen_columns():

@@ -17,7 +17,7 @@ import torch
 from conftest import make_tiny_model
 
 from reach_lens import cli
-from reach_lens.audit import wilson_interval
+from reach_lens.stats import wilson_interval
 from reach_lens.routing import METHODS, SPACES
 from reach_lens.select import SELECTORS, majority_vote
 

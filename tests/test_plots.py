@@ -10,7 +10,8 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from conftest import legends_off_data
 
 from reach_lens import plots
-from reach_lens.audit import breakage_rate, reach_curve, repair_rate, summarize
+from reach_lens.audit import reach_curve, summarize
+from reach_lens.stats import breakage_rate, repair_rate
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
 
@@ -22,7 +23,7 @@ def drawn(monkeypatch):
     """{path name: Figure} of every figure the plot functions save during the test; each is checked to keep its
     legends off every axes' data area."""
     figures = {}
-    save = plots.save
+    save = plots.common.save  # what every plot function saves with
 
     def capture(fig, path):
         out = save(fig, path)
@@ -31,7 +32,7 @@ def drawn(monkeypatch):
         figures[out.name] = fig
         return out
 
-    monkeypatch.setattr(plots, "save", capture)
+    monkeypatch.setattr(plots.common, "save", capture)
     return figures
 
 
@@ -285,10 +286,10 @@ def test_missing_columns_are_named(tmp_path):
 
 
 def test_plot_gap_table_draws_each_cell_and_the_guessing_floor(tmp_path, drawn):
-    from reach_lens.audit import guessing_floor
+    from reach_lens.stats import guessing_floor
 
     rows = []
-    for task, d, v, o, guess in (("arc_easy", 0.2, 0.3, 0.8, guessing_floor([4, 4, 3], 8)[1]),
+    for task, d, v, o, guess in (("arc_easy", 0.2, 0.3, 0.8, guessing_floor([4, 4, 3], 8)),
                                  ("basic_arithmetic", 0.05, 0.05, 0.15, float("nan"))):
         rows.append({"model": "m", "task": task, "n": 3, "K": 8, "T": 0.8, "guess_oracle": guess,
                      **{f"{k}{s}": val + off for k, val in (("deployed", d), ("vote", v), ("oracle", o))
@@ -300,7 +301,7 @@ def test_plot_gap_table_draws_each_cell_and_the_guessing_floor(tmp_path, drawn):
     assert [[round(p.get_height(), 6) for p in b.patches] for b in bars] == [[0.2, 0.05], [0.3, 0.05], [0.8, 0.15]]
     ticks = [ln for ln in ax.get_lines() if ln.get_color() == "black" and len(ln.get_ydata()) == 2]
     assert len(ticks) == 1 and ticks[0].get_ydata()[0] == pytest.approx(rows[0]["guess_oracle"])  # MC only
-    assert guessing_floor([4], 8) == (0.25, pytest.approx(1 - 0.75 ** 8))
+    assert (guessing_floor([4], 1), guessing_floor([4], 8)) == (0.25, pytest.approx(1 - 0.75 ** 8))
     with pytest.raises(ValueError, match="expected >= 2 options"):
         guessing_floor([1], 8)
 
@@ -310,34 +311,35 @@ def _floor_lines(fig):
 
 
 def test_multiple_choice_oracle_figures_draw_the_guessers_floor_and_free_form_ones_none(tmp_path, drawn):
-    from reach_lens.audit import guesser_reach, temperature_sweep
+    from reach_lens.audit import temperature_sweep
+    from reach_lens.stats import guessing_floor
 
     options = [4, 4, 3, 4, 4, 4, 4, 4]  # eight multiple-choice questions; free-form ones have no options
     for kind, counts in (("mc", options), ("free", None)):
         curve = reach_curve(RECS)
-        curve["guess"] = guesser_reach(counts, curve["k"])
+        curve["guess"] = guessing_floor(counts, curve["k"])
         plots.plot_reach_curve(curve, tmp_path / f"reach_{kind}.png", title=kind, deployed=0.3, vote=0.4)
         sweep = temperature_sweep({0.4: RECS, 0.8: RECS}).assign(
-            guess_D=guesser_reach(counts, 1), guess_O=guesser_reach(counts, 8), model="m", task=kind)
+            guess_D=guessing_floor(counts, 1), guess_O=guessing_floor(counts, 8), model="m", task=kind)
         plots.plot_temperature_gap(sweep, tmp_path / f"temperature_{kind}.png")
         plots.plot_selection_gap(sweep, tmp_path / f"gap_{kind}.png")
         curves = pd.DataFrame({"model": "m", "task": kind, "space": "skip", "series": "random", "k": [1, 2, 4, 8],
                                "value": [0.3, 0.5, 0.6, 0.7], "lo": 0.2, "hi": 0.8, "n": 8, "K": 8, "D": 0.3,
                                "collapsed": False, "format_failure_rate": 0.0})
-        curves["guess"] = guesser_reach(counts, curves["k"])
+        curves["guess"] = guessing_floor(counts, curves["k"])
         plots.plot_oracle_curves(curves, "skip", tmp_path / f"oracle_{kind}.png")
     for name in ("reach", "temperature", "gap", "oracle"):
         assert not _floor_lines(drawn[f"{name}_free.png"]), name
     (reach,) = _floor_lines(drawn["reach_mc.png"])
-    np.testing.assert_allclose(reach.get_ydata(), guesser_reach(options, np.arange(1, 9)))
+    np.testing.assert_allclose(reach.get_ydata(), guessing_floor(options, np.arange(1, 9)))
     assert reach.get_ydata()[-1] == pytest.approx(np.mean([1 - 0.75 ** 8] * 7 + [1 - (2 / 3) ** 8]))
     oracle_floor, gap_floor = _floor_lines(drawn["temperature_mc.png"])
-    assert oracle_floor.get_ydata()[0] == pytest.approx(guesser_reach(options, 8))
-    assert gap_floor.get_ydata()[0] == pytest.approx(guesser_reach(options, 8) - guesser_reach(options, 1))
+    assert oracle_floor.get_ydata()[0] == pytest.approx(guessing_floor(options, 8))
+    assert gap_floor.get_ydata()[0] == pytest.approx(guessing_floor(options, 8) - guessing_floor(options, 1))
     (gap,) = _floor_lines(drawn["gap_mc.png"])
-    assert gap.get_ydata()[0] == pytest.approx(guesser_reach(options, 8) - np.mean([1 / m for m in options]))
+    assert gap.get_ydata()[0] == pytest.approx(guessing_floor(options, 8) - np.mean([1 / m for m in options]))
     (routes,) = _floor_lines(drawn["oracle_mc.png"])
-    np.testing.assert_allclose(routes.get_ydata(), guesser_reach(options, [1, 2, 4, 8]))
+    np.testing.assert_allclose(routes.get_ydata(), guessing_floor(options, [1, 2, 4, 8]))
 
 
 def test_plot_functions_return_the_figure_and_save_only_when_given_a_path(tmp_path, monkeypatch):

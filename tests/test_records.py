@@ -173,6 +173,20 @@ def test_records_audit_select_dependencies():
     assert not hasattr(audit, "make_record") and not hasattr(audit, "RECORD_COLUMNS")  # no re-export shims
 
 
+def test_stats_audit_census_fates_layers():
+    # stats knows nothing of records or studies; audit (one record table) sits below census and the RLVR fates,
+    # and the fates need no training stack (only audit and stats)
+    assert not _imports("stats")
+    assert not any(m.startswith(("reach_lens.census", "reach_lens.rlvr")) for m in _imports("audit"))
+    assert {m.split(".")[1] for m in _imports("census")} == {"audit", "stats"}
+    assert {m.split(".")[1] for m in _imports("rlvr/fates")} == {"audit", "stats"}
+    from reach_lens import audit
+
+    moved = ("fates", "fate_counts", "paired_change", "crossover", "hit_rate_bins", "census_cell", "meets_criterion",
+             "guesser_reach", "guessing_floor", "Rate", "repair_rate", "breakage_rate", "independence_baseline")
+    assert not [name for name in moved if hasattr(audit, name)]  # each lives in one place, no re-export shims
+
+
 def test_record_table_and_candidate_frame_of_a_probe_run():
     from reach_lens.records import RECORD_COLUMNS, candidate_frame, record_table
 

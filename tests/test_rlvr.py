@@ -9,13 +9,15 @@ import pytest
 from conftest import legends_off_data
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from reach_lens import audit
 from reach_lens.protocol import Protocol
 from reach_lens.records import make_record
 from reach_lens.rlvr import tables
 from reach_lens.rlvr.audit_run import check_comparable, records_at
+from reach_lens.rlvr.fates import (PAPER_HIT_RATE_EDGES, crossover, fate_counts, fates, gains_under_resampling,
+                                   hit_rate_bin_labels, hit_rate_bins, realization_by_hit_rate_bin)
 from reach_lens.rlvr.rewards import cut_at_stops, task_reward
 from reach_lens.rlvr.split import check_disjoint, ids_hash, split_questions
+from reach_lens.stats import guessing_floor, poisson_binomial_interval, poisson_binomial_pmf, wilson_interval
 from reach_lens.store import ProtocolMismatch
 from reach_lens.tasks import Question, get_task
 from reach_lens.tasks.mc import make_mc_question
@@ -59,7 +61,7 @@ def pair():
 
 def test_every_fate_and_the_fates_table():
     base, trained = pair()
-    counts = audit.fate_counts(audit.fates(base, trained))
+    counts = fate_counts(fates(base, trained))
     assert (counts["count"] > 0).all(), counts[counts["count"] == 0]  # every fate occurs at least once
     row = tables.fates_table({"rl": (base, trained)}).iloc[0]
     assert (row.n, row.K) == (8, 4)
@@ -72,22 +74,22 @@ def test_every_fate_and_the_fates_table():
 def test_delta_n_reachable_and_table5():
     base = table([("a", 0, 1), ("b", 0, 2), ("c", 1, 1), ("d", 0, 0), ("e", 0, 3)])
     trained = table([("a", 1, 4), ("b", 1, 0), ("c", 1, 0), ("d", 0, 0), ("e", 0, 0)])
-    t5 = tables.table5({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
+    t5 = tables.checkpoint_changes({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
     assert (t5.n, t5.K) == (5, 4)
     assert (t5.n_reachable_base, t5.n_reachable_trained, t5.delta_n_reachable) == (4, 1, -3)
     assert t5.D_base == pytest.approx(0.2) and t5.D_trained == pytest.approx(0.6)
     assert t5.O_base == pytest.approx(0.8) and t5.O_trained == pytest.approx(0.2)
     assert t5.O_change == pytest.approx(-0.6) and t5.D_change == pytest.approx(0.4)
-    assert (t5.O_base_lo, t5.O_base_hi) == pytest.approx(audit.wilson_interval(4, 5))
+    assert (t5.O_base_lo, t5.O_base_hi) == pytest.approx(wilson_interval(4, 5))
     assert t5.O_change_lo <= t5.O_change <= t5.O_change_hi
     assert (t5.delta_n_reachable_lo, t5.delta_n_reachable_hi) == pytest.approx((5 * t5.O_change_lo, 5 * t5.O_change_hi))
     assert t5.floor == pytest.approx(1 - 0.75 ** 4)
 
 
 @pytest.mark.parametrize("K", [4, 16, 32, 200])
-@pytest.mark.parametrize("edges", [None, audit.PAPER_HIT_RATE_EDGES], ids=["doubling", "paper_edges"])
+@pytest.mark.parametrize("edges", [None, PAPER_HIT_RATE_EDGES], ids=["doubling", "paper_edges"])
 def test_propensity_bins_follow_K(K, edges):
-    ranges = audit.hit_rate_bins(K, edges)
+    ranges = hit_rate_bins(K, edges)
     assert ranges[0] == (0, 0)  # the base-unreachable bin stays
     member = np.array([[lo <= c <= hi for lo, hi in ranges] for c in range(K + 1)])  # [K + 1 counts, bins]
     assert (member.sum(axis=1) == 1).all(), ranges  # every c in 0..K in exactly one bin
@@ -95,9 +97,9 @@ def test_propensity_bins_follow_K(K, edges):
     assert ranges[1][0] == 1 and member[1, 1]  # the lowest non-zero bin starts at (and holds) one hit in K
     # the table: one base-unrealized question per hit count c lands every c in its bin, no bin empty
     base = table([(f"c{c}", 0, c) for c in range(K + 1)], K=K)
-    t = audit.realization_by_hit_rate_bin(base, base, edges, n_perm=50)
+    t = realization_by_hit_rate_bin(base, base, edges, n_perm=50)
     assert t["n"].tolist() == member.sum(axis=0).tolist() and (t["n"] >= 1).all()
-    assert (t["K"] == K).all() and t["bin"].tolist() == audit.hit_rate_bin_labels(K, edges)
+    assert (t["K"] == K).all() and t["bin"].tolist() == hit_rate_bin_labels(K, edges)
     assert list(zip(t["hits_lo"], t["hits_hi"])) == ranges
     assert t["bin_lo"].tolist() == pytest.approx([lo / K for lo, _ in ranges])
     assert t["bin_hi"].tolist() == pytest.approx([hi / K for _, hi in ranges])
@@ -105,19 +107,19 @@ def test_propensity_bins_follow_K(K, edges):
 
 
 def test_propensity_bins_written_out():
-    assert audit.hit_rate_bin_labels(16) == ["0 of 16", "1 of 16", "2-3 of 16", "4-7 of 16", "8-16 of 16"]
-    assert audit.hit_rate_bins(32) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 32)]
-    assert audit.hit_rate_bins(200)[-2:] == [(64, 127), (128, 200)]
-    assert audit.hit_rate_bins(1) == [(0, 0), (1, 1)] and audit.hit_rate_bins(2) == [(0, 0), (1, 2)]
+    assert hit_rate_bin_labels(16) == ["0 of 16", "1 of 16", "2-3 of 16", "4-7 of 16", "8-16 of 16"]
+    assert hit_rate_bins(32) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 32)]
+    assert hit_rate_bins(200)[-2:] == [(64, 127), (128, 200)]
+    assert hit_rate_bins(1) == [(0, 0), (1, 1)] and hit_rate_bins(2) == [(0, 0), (1, 2)]
     # the paper's fixed edges at K = 16: (0, 5%] holds no c/16, so 1/16 = 6.25% opens the next bin (0, 15%]
     assert not [c for c in range(1, 17) if c / 16 <= 0.05]
-    assert audit.hit_rate_bins(16, audit.PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 2), (3, 5), (6, 16)]
+    assert hit_rate_bins(16, PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 2), (3, 5), (6, 16)]
     # at K = 20 every paper bin is reachable and an edge belongs to the bin it closes (1/20 = 5%, 3/20 = 15%)
-    assert audit.hit_rate_bins(20, audit.PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 20)]
+    assert hit_rate_bins(20, PAPER_HIT_RATE_EDGES) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 20)]
     with pytest.raises(ValueError, match="K >= 1"):
-        audit.hit_rate_bins(0)
+        hit_rate_bins(0)
     with pytest.raises(ValueError, match="from 0 to 1"):
-        audit.hit_rate_bins(16, [0.1, 1])
+        hit_rate_bins(16, [0.1, 1])
 
 
 def test_propensity_shares_by_hand():
@@ -130,24 +132,24 @@ def test_propensity_shares_by_hand():
             ("r1", 1, 5, 0), ("r2", 1, 0, 1)]                                     # base-realized: no bin
     base = table([(q, d, h) for q, d, h, _ in rows], K=K)
     trained = table([(q, t, t) for q, _, _, t in rows], K=K)
-    t = audit.realization_by_hit_rate_bin(base, trained, n_perm=500)
+    t = realization_by_hit_rate_bin(base, trained, n_perm=500)
     assert t["bin"].tolist() == ["0 of 16", "1 of 16", "2-3 of 16", "4-7 of 16", "8-16 of 16"]
     assert t["n"].tolist() == [4, 2, 3, 0, 2] and t["realized"].tolist() == [1, 2, 1, 0, 1]
     np.testing.assert_allclose(t["realization"], [1 / 4, 1, 1 / 3, np.nan, 1 / 2])
-    assert (t["realization_lo"].iloc[2], t["realization_hi"].iloc[2]) == pytest.approx(audit.wilson_interval(1, 3))
+    assert (t["realization_lo"].iloc[2], t["realization_hi"].iloc[2]) == pytest.approx(wilson_interval(1, 3))
     assert math.isnan(t["realization_lo"].iloc[3]) and math.isnan(t["realization_hi"].iloc[3])  # empty, kept
     # independence: 5 realized among 11 base-unrealized questions, spread by bin size
     assert t["expected_realized"].tolist() == pytest.approx([5 * n / 11 for n in (4, 2, 3, 0, 2)])
     assert ((t.expected_lo <= t.expected_realized) & (t.expected_realized <= t.expected_hi)).all()
     # the paper's edges at K = 16: 0 | 1-2 | 3-5 | 6-16
-    p = audit.realization_by_hit_rate_bin(base, trained, audit.PAPER_HIT_RATE_EDGES, n_perm=100)
+    p = realization_by_hit_rate_bin(base, trained, PAPER_HIT_RATE_EDGES, n_perm=100)
     assert p["bin"].tolist() == ["0 of 16", "1-2 of 16", "3-5 of 16", "6-16 of 16"]
     assert p["n"].tolist() == [4, 3, 2, 2] and p["realized"].tolist() == [1, 2, 1, 1]
     # tables.propensity: a pair column, each row with the K its bins were built for and the bin's edges
     prop = tables.propensity({"rl": (base, trained)})
     assert set(prop["pair"]) == {"rl"} and (prop["K"] == K).all() and len(prop) == 5
     assert list(prop.columns[:7]) == ["pair", "K", "bin", "hits_lo", "hits_hi", "bin_lo", "bin_hi"]
-    pd.testing.assert_frame_equal(prop.drop(columns="pair"), audit.realization_by_hit_rate_bin(base, trained))
+    pd.testing.assert_frame_equal(prop.drop(columns="pair"), realization_by_hit_rate_bin(base, trained))
 
 
 def test_propensity_at_K_and_2K_follow_each_K():
@@ -165,19 +167,19 @@ def test_propensity_at_K_and_2K_follow_each_K():
 def test_fates_refuse_records_of_another_K():
     base = table([("a", 0, 1)], K=4)
     with pytest.raises(ValueError, match="candidate budgets differ"):
-        audit.fates(base, table([("a", 0, 1)], K=8))
+        fates(base, table([("a", 0, 1)], K=8))
 
 
 def test_resampling_null_by_hand():
     # the base-unrealized questions of CASES: gain_reach (2 of 4 hits: p = 0.5) and left (1 of 4: p = 0.25) are
     # base-reachable; gain_unreach, stable_u, entered have no hit (p = 0)
-    assert audit.poisson_binomial_pmf([0.5, 0.25, 0]).tolist() == pytest.approx([0.375, 0.5, 0.125, 0.0])
-    assert audit.poisson_binomial_interval([0.5, 0.25, 0]) == (0, 2)  # cdf 0.375, 0.875, 1
-    assert audit.poisson_binomial_interval([0.5, 0.25, 0], level=0.5) == (0, 1)  # the 25% and 75% quantiles
-    assert audit.poisson_binomial_interval([0.5] * 20) == (6, 14)  # Binomial(20, 1/2): cdf(5) = .021, cdf(14) = .979
-    assert audit.poisson_binomial_interval([]) == (0, 0)
+    assert poisson_binomial_pmf([0.5, 0.25, 0]).tolist() == pytest.approx([0.375, 0.5, 0.125, 0.0])
+    assert poisson_binomial_interval([0.5, 0.25, 0]) == (0, 2)  # cdf 0.375, 0.875, 1
+    assert poisson_binomial_interval([0.5, 0.25, 0], level=0.5) == (0, 1)  # the 25% and 75% quantiles
+    assert poisson_binomial_interval([0.5] * 20) == (6, 14)  # Binomial(20, 1/2): cdf(5) = .021, cdf(14) = .979
+    assert poisson_binomial_interval([]) == (0, 0)
     base, trained = pair()
-    null = audit.gains_under_resampling(audit.fates(base, trained))
+    null = gains_under_resampling(fates(base, trained))
     assert (null["observed"], null["observed_unreachable"], null["n"]) == (1, 1, 5)
     assert null["expected"] == pytest.approx(0.75) and (null["lo"], null["hi"]) == (0, 2)
     assert null["expected_unreachable"] == 0 and (null["unreachable_lo"], null["unreachable_hi"]) == (0, 0)
@@ -221,15 +223,15 @@ def test_crossover_on_synthetic_curves():
         return np.asarray(means)[None, :] + spread[which][:, None]  # [4 questions, 5 ks]
     trained = per_question([0.5, 0.6, 0.7, 0.75, 0.8], 0)
     # the base overtakes at k = 8: gaps trained - base 0.3, 0.2, 0.05, -0.05, -0.1
-    c = audit.crossover(per_question([0.2, 0.4, 0.65, 0.8, 0.9], 1), trained, ks, n_boot=500)
+    c = crossover(per_question([0.2, 0.4, 0.65, 0.8, 0.9], 1), trained, ks, n_boot=500)
     assert (c["k_cross"], c["k_min_gap"]) == (8, 16) and c["min_gap"] == pytest.approx(-0.1)
     assert c["lo"] < -0.1 < c["hi"]
     # equal reach counts as overtaken (base >= trained): gaps 0.3, 0.2, 0, 0.05, 0.1
-    tie = audit.crossover(per_question([0.2, 0.4, 0.7, 0.7, 0.7], 1), trained, ks, n_boot=100)
+    tie = crossover(per_question([0.2, 0.4, 0.7, 0.7, 0.7], 1), trained, ks, n_boot=100)
     assert tie["k_cross"] == 4 and tie["k_min_gap"] == 4 and tie["min_gap"] == pytest.approx(0.0)
     # the trained curve stays ahead: no crossover, the smallest gap 0.04 at k = 16, its interval around it
-    c = audit.crossover(per_question([0.1, 0.3, 0.55, 0.72, 0.86], 1), per_question([0.5, 0.6, 0.7, 0.8, 0.9], 0), ks,
-                        n_boot=500)
+    c = crossover(per_question([0.1, 0.3, 0.55, 0.72, 0.86], 1), per_question([0.5, 0.6, 0.7, 0.8, 0.9], 0), ks,
+                  n_boot=500)
     assert c["k_cross"] is None and c["k_min_gap"] == 16 and c["min_gap"] == pytest.approx(0.04)
     assert c["lo"] < 0.04 < c["hi"] and c["hi"] - c["lo"] < 0.25
     # the interval is the paired bootstrap of the gap at k = 16: per-question gaps 0.14, -0.06, -0.06, 0.14
@@ -237,9 +239,9 @@ def test_crossover_on_synthetic_curves():
     w = np.random.default_rng(0).multinomial(4, np.full(4, 0.25), size=500)
     assert (c["lo"], c["hi"]) == pytest.approx(tuple(np.quantile(w @ gaps / 4, [0.025, 0.975])))
     # the trained curve is never ahead: the base is at or above it from the first k
-    assert audit.crossover(trained, trained - 0.1, ks, n_boot=10)["k_cross"] == 1
+    assert crossover(trained, trained - 0.1, ks, n_boot=10)["k_cross"] == 1
     with pytest.raises(ValueError, match="one \\[n >= 1"):
-        audit.crossover(trained, trained[:, :3], ks)
+        crossover(trained, trained[:, :3], ks)
 
 
 def reach_lineages():
@@ -289,14 +291,14 @@ def test_records_at_and_budget_table():
     assert at4["d"].tolist() == [False, False, True]
     with pytest.raises(ValueError, match="out of range"):
         records_at(base, 9)
-    t6 = tables.table6({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
+    t6 = tables.checkpoint_changes_by_budget({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
     assert list(t6.index) == [4, 8] and (t6["samples"] == 8).all()
     assert t6.loc[4, "O_base"] == pytest.approx(1 / 3) and t6.loc[8, "O_base"] == pytest.approx(2 / 3)
     assert t6.loc[4, "delta_n_reachable"] == 1 and t6.loc[8, "delta_n_reachable"] == 0
     # unbiased reach@4 from 8 samples: a and b have 1 hit of 8 -> 1 - C(7,4)/C(8,4) = 0.5 each; c has 0
     assert t6.loc[4, "reach_base_unbiased"] == pytest.approx((0.5 + 0.5 + 0) / 3)
     assert t6.loc[8, "floor"] == pytest.approx(1 - 0.75 ** 8)
-    t7 = tables.table7({"base": base, "rl": trained}, K=4, m=[4, 4, 5]).set_index("checkpoint")
+    t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=4, m=[4, 4, 5]).set_index("checkpoint")
     assert t7.loc["rl", "D"] == pytest.approx(1.0) and t7.loc["rl", "O"] == pytest.approx(2 / 3)
     assert t7.loc["base", "O_all"] == pytest.approx(2 / 3) and t7.loc["base", "samples"] == 8
     assert t7.loc["base", "floor"] == pytest.approx(np.mean([1 - 0.75 ** 4, 1 - 0.75 ** 4, 1 - 0.8 ** 4]))
@@ -310,13 +312,14 @@ def test_format_table():
     def greedy(flags):
         return pd.DataFrame({"question_id": list("abcde"), "correct": [bool(f) for f in flags]})
 
-    t8 = tables.table8({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))}, n_boot=200).iloc[0]
+    t8 = tables.format_transfer({"rl": (base, trained, greedy([0, 1, 0, 0, 0]), greedy([1, 0, 0, 1, 1]))},
+                                n_boot=200).iloc[0]
     assert (t8.n, t8.n_pool) == (5, 3)
     assert t8.realized_native == pytest.approx(2 / 3) and t8.realized_shared == pytest.approx(1 / 3)
     assert t8.base_realized_shared == pytest.approx(1 / 3)
     assert t8.retained == pytest.approx(0.5) and t8.retained_lo <= t8.retained_hi
     assert t8.D_trained_shared == pytest.approx(0.6) and t8.D_base_native == pytest.approx(0.2)
-    nothing = tables.table8({"rl": (base, base, greedy([0] * 5), greedy([0] * 5))}, n_boot=50).iloc[0]
+    nothing = tables.format_transfer({"rl": (base, base, greedy([0] * 5), greedy([0] * 5))}, n_boot=50).iloc[0]
     assert nothing.realized_native == 0 and math.isnan(nothing.retained)
 
 
@@ -332,10 +335,10 @@ def test_gold_completions_follow_the_prompt_format():
 
 
 def test_guess_floor():
-    assert tables.guess_floor(4, 1) == pytest.approx(0.25)
-    assert tables.guess_floor(4, 4) == pytest.approx(1 - 0.75 ** 4)
-    assert tables.guess_floor([2, 4], 2) == pytest.approx((0.75 + (1 - 0.75 ** 2)) / 2)
-    assert math.isnan(tables.guess_floor(None, 200))  # free-form answers have no floor
+    assert guessing_floor(4, 1) == pytest.approx(0.25)
+    assert guessing_floor(4, 4) == pytest.approx(1 - 0.75 ** 4)
+    assert guessing_floor([2, 4], 2) == pytest.approx((0.75 + (1 - 0.75 ** 2)) / 2)
+    assert math.isnan(guessing_floor(None, 200))  # free-form answers have no floor
 
 
 # ---- protocols
@@ -406,7 +409,7 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     from reach_lens import plots
 
     drawn = {}
-    save = plots.save
+    save = plots.common.save  # what every plot function saves with
 
     def capture(fig, path):
         drawn[Path(path).stem] = fig
@@ -414,17 +417,17 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
         assert legends_off_data(fig), f"{path}: a legend lies over an axes' data area"
         return out
 
-    monkeypatch.setattr(plots, "save", capture)
+    monkeypatch.setattr(plots.common, "save", capture)
 
     def heights(ax):
         return [round(float(p.get_height()), 9) for p in ax.patches]
 
     base, trained = pair()
     pairs = {"rl": (base, trained), "sft": (base, base)}
-    t5 = tables.table5(pairs, m=4, n_boot=100).assign(T=0.8)
+    t5 = tables.checkpoint_changes(pairs, m=4, n_boot=100).assign(T=0.8)
     fates = tables.fates_table(pairs).assign(T=0.8)
     prop = tables.propensity(pairs).assign(T=0.8)
-    t7 = tables.table7({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
+    t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
     plots.plot_rlvr_fates(fates, tmp_path / "fates.png")
     plots.plot_rlvr_changes(t5, tmp_path / "changes.png")
     plots.plot_rlvr_propensity(prop, tmp_path / "prop.png")
@@ -448,10 +451,11 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     assert [round(float(y), 9) for y in ticks6a[0].get_ydata()] == pytest.approx(
         list(fates.gains_from_reachable_expected))
     # free-form answers: no floor line, and the pair says so
-    free_t7 = tables.table7({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
+    free_t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
     plots.plot_rlvr_lineage(free_t7, tmp_path / "lin_free.png")
     assert not [ln for ln in drawn["lin_free"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
-    plots.plot_rlvr_changes(tables.table5(pairs, m=None, n_boot=100).assign(T=0.8), tmp_path / "changes_free.png")
+    plots.plot_rlvr_changes(tables.checkpoint_changes(pairs, m=None, n_boot=100).assign(T=0.8),
+                            tmp_path / "changes_free.png")
     assert all("free-form" in t.get_text() for t in drawn["changes_free"].axes[0].get_xticklabels())
     points = {c.get_label(): c.lines[0] for c in drawn["prop"].axes[0].containers}  # one panel: K = 4
     for (p, K), g in prop.groupby(["pair", "K"], sort=False):
@@ -557,7 +561,7 @@ def test_propensity_figure_one_colour_per_checkpoint_legend_off_the_data():
     assert len(fig.axes) == 2
     for ax, K in zip(fig.axes, (4, 8)):
         ticks = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
-        assert ticks == audit.hit_rate_bin_labels(K)
+        assert ticks == hit_rate_bin_labels(K)
         points = {c.get_label(): c.lines[0] for c in ax.containers if not c.get_label().endswith("expected")}
         assert set(points) == {f"{n}, K = {K}" for n in trained}
         for n in trained:

@@ -37,7 +37,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
             layer.mlp.down_proj.weight.mul_(0.5)
     hf.save_pretrained(edited)
     AutoTokenizer.from_pretrained(embedded_checkpoint_dir()).save_pretrained(edited)  # with its chat template
-    from reach_lens import audit
+    from reach_lens.rlvr.fates import hit_rate_bin_labels
 
     script = load_script("rlvr_compare")
     args = ["--checkpoints", f"copy={copy}", f"edited={edited}", "--n", "4", "--K", "2", "--chunk", "2",
@@ -66,7 +66,7 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     assert set(pd.read_csv(summary / "table7_lineage.csv").checkpoint) == {"base", "copy", "edited"}
     prop = pd.read_csv(summary / "propensity.csv")  # at K = 2 bins 0 | 1-2 hits, at 2K = 4 bins 0 | 1 | 2-4
     assert {(p, K): g["bin"].tolist() for (p, K), g in prop.groupby(["pair", "K"])} == {
-        (p, K): audit.hit_rate_bin_labels(K) for p in set(prop["pair"]) for K in (2, 4)}
+        (p, K): hit_rate_bin_labels(K) for p in set(prop["pair"]) for K in (2, 4)}
     assert len(set(prop["pair"])) == 2
     assert len(prop) == 2 * (2 + 3) and (prop["bin_hi"] * prop["K"] == prop["hits_hi"]).all()
     assert set(pd.read_csv(summary / "table8_format_transfer.csv").n) == {4}

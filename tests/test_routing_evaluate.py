@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_model
 
-from reach_lens.audit import wilson_interval
+from reach_lens.stats import wilson_interval
 from reach_lens.probes import deploy
 from reach_lens.records import make_record
 import reach_lens.routing.evaluate as evaluate
@@ -265,7 +265,7 @@ def test_table1_pools_every_question_of_a_model():
                 "oracle": {("skip", "random"): np.tile(np.array(rand, float)[:, None], (1, 4))}}
 
     cells = {("m", "a"): cell([0, 0], [1, 1]), ("m", "b"): cell([1, 1, 0, 0], [1, 1, 0, 0])}
-    t1 = analysis.table1(cells, "skip", ["random"], K=4, vote_k=2, mcts_k=2).set_index("task")
+    t1 = analysis.gains_over_unmodified(cells, "skip", ["random"], K=4, vote_k=2, mcts_k=2).set_index("task")
     assert t1["random_oracle@4_pp"].to_dict() == pytest.approx({"a": 100.0, "b": 0.0, analysis.POOLED: 100 * 2 / 6})
     assert t1.loc[analysis.POOLED, "n"] == 6  # pooled over questions, not the mean of the task columns
 

@@ -1,10 +1,11 @@
 """Selection-study arithmetic (`routing.analysis`): format-collapse flags, recovery with the learned router, medians
-over clean cells; and the one bootstrap band routing curves and reach curves share (`audit.curve_band`)."""
+over clean cells; and the one bootstrap band routing curves and reach curves share (`stats.curve_band`)."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from reach_lens.audit import curve_band, pass_at_k, reach_curve, wilson_interval
+from reach_lens.audit import reach_curve
+from reach_lens.stats import curve_band, pass_at_k, wilson_interval
 from reach_lens.records import make_record
 from reach_lens.routing import analysis
 from reach_lens.select import SELECTORS, majority_vote

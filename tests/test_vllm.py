@@ -127,7 +127,7 @@ def test_sampled_reach_is_the_transformer_lens_engines_within_intervals(vllm_eng
     each engine's O_8 lies in the other's 95% Wilson interval and the per-sample hit rates agree within theirs
     (what vLLM defaults such as a model's generation_config top-p would break)."""
     from reach_lens import get_task, sample, subsample
-    from reach_lens.audit import wilson_interval
+    from reach_lens.stats import wilson_interval
 
     task = get_task("squad")
     questions = subsample(task.load(), N_GREEDY, seed=1)

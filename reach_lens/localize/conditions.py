@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from transformer_lens import HookedTransformer
 
-from reach_lens import audit, probes
+from reach_lens import probes, stats
 from reach_lens.hooks import Intervention, hooks_for
 from reach_lens.localize.panels import PANELS, ROLES
 from reach_lens.store import RunStore
@@ -33,11 +33,11 @@ def panel_rates(results: pd.DataFrame) -> dict:
     """Repair and breakage of one condition from its per-question results (columns panel, correct).
 
     Repair = share of the failure panel answered correctly; breakage = share of the healthy panel answered
-    wrongly; each with its Wilson 95% interval, count and n (``audit.Rate.to_dict``). An empty panel gives
+    wrongly; each with its Wilson 95% interval, count and n (``stats.Rate.to_dict``). An empty panel gives
     NaN rates with n = 0.
     """
     out = {}
-    for name, panel, rate in (("repair", "failure", audit.repair_rate), ("breakage", "healthy", audit.breakage_rate)):
+    for name, panel, rate in (("repair", "failure", stats.repair_rate), ("breakage", "healthy", stats.breakage_rate)):
         after = results.loc[results.panel == panel, "correct"].to_numpy(bool)
         if len(after):
             out.update(rate(np.full(len(after), panel == "healthy"), after).to_dict(name))

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reach_lens.audit import Z95, wilson_interval
+from reach_lens.stats import Z95, wilson_interval
 
 LAYER_RULES = ("net", "repair")
 RULE_TEXT = {"net": "largest repair minus healthy breakage", "repair": "largest repair (the paper's rule)"}

@@ -1,7 +1,7 @@
 """One function per figure kind: each takes a DataFrame, returns the matplotlib ``Figure``, and writes it as a PNG
 (150 dpi) when given a ``path`` (``save(fig, path)`` writes any of them later).
 
-The tables are those audit produces: `audit.reach_curve`, rows of `audit.summarize`, and `audit.Rate.to_dict`
+The tables are those audit produces: `audit.reach_curve`, rows of `audit.summarize`, and `stats.Rate.to_dict`
 rows (X, X_lo, X_hi, X_n); and for the routing and selection studies those of `reach_lens.routing.analysis`. Figures
 are drawn on a bare `Figure` (no pyplot, no global backend change).
 

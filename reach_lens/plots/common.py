@@ -32,8 +32,7 @@ def save(fig: Figure, path: Path | str) -> Path:
 
 def _finish(fig: Figure, path: Path | str | None) -> Figure:
     if path is not None:
-        from reach_lens import plots  # the package's `save`: a replaced `plots.save` (as tests do) sees every figure
-        plots.save(fig, path)
+        save(fig, path)
     return fig
 
 

@@ -86,7 +86,7 @@ def _against_floor(row) -> str:
 
 def plot_rlvr_changes(df: pd.DataFrame, path: Path | str | None = None,
                       title: str = "Deployed vs reachable change") -> Figure:
-    """Figure 6b from `rlvr.tables.table5` rows (+ T): per pair, the change of deployed D and of the oracle O_K
+    """Figure 6b from `rlvr.tables.checkpoint_changes` rows (+ T): per pair, the change of deployed D and of the oracle O_K
     side by side, with paired bootstrap 95% intervals, in percentage points; under each pair, its O_K before and
     after against the uniform guesser's floor (column ``floor``; multiple choice only: an oracle below its floor
     shows no reach beyond guessing)."""
@@ -134,7 +134,7 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
     "0" at the bottom, with no point); with ``expected_realized`` (and ``expected_lo``/``_hi``), right of each point
     the share independence of realization and hit rate would give (a tick, 95% permutation).
 
-    One panel per K (the bins follow K: `audit.hit_rate_bins`), each with its own bins on x (ticks: the bin in hits
+    One panel per K (the bins follow K: `rlvr.fates.hit_rate_bins`), each with its own bins on x (ticks: the bin in hits
     of K and, with hits_lo/hits_hi columns, its hit rates); one colour per checkpoint (pair) across all panels
     (`CHECKPOINT_COLORS`, in table order), one marker per K. The legend (colours: checkpoints; markers: K and its
     panel; the expected tick) sits right of the last panel, off the data."""
@@ -206,7 +206,7 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
 
 def plot_rlvr_lineage(df: pd.DataFrame, path: Path | str | None = None,
                       title: str = "Lineage: deployed, vote and oracle") -> Figure:
-    """Table 7 as a figure, from `rlvr.tables.table7` rows (+ T): per checkpoint, deployed D, majority vote@K
+    """Table 7 as a figure, from `rlvr.tables.deployed_vote_oracle` rows (+ T): per checkpoint, deployed D, majority vote@K
     and oracle O_K (Wilson 95%), the oracle over all samples as a hollow marker, and the uniform guesser's
     floor at K and at all samples as dashed lines (an oracle at its floor says nothing about reach)."""
     need = ("checkpoint", "n", "K", "T", "floor", "samples", "floor_all",

@@ -17,7 +17,7 @@ def plot_reach_curve(curve_df: pd.DataFrame, path: Path | str | None = None, tit
 
     An optional `series` column draws one curve per series (e.g. random routes vs MCTS). `deployed` (D) is
     drawn as a horizontal line, `vote` (vote@K) as a marker at k = K. A `guess` column (multiple choice: the
-    uniform guesser's 1 - (1 - 1/m)^k, `audit.guesser_reach`; NaN for free-form answers) is drawn as the floor.
+    uniform guesser's 1 - (1 - 1/m)^k, `stats.guessing_floor`; NaN for free-form answers) is drawn as the floor.
     """
     _require(curve_df, ("k", "reach", "lo", "hi", "n", "K"), "reach curve")
     fig = Figure(figsize=(6, 4.2))

@@ -69,9 +69,12 @@ def lineages(fates, crossings=None) -> list[str]:
 
 def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str, reference: str = "",
            crossings=None) -> str:
-    """The tables (``reach_lens.rlvr.tables``) as markdown, every oracle beside its guessing floor; ``reference``
-    (the paper's figures to read them against) follows Table 5; ``crossings`` (`tables.crossovers`) adds each
-    lineage's reach@k crossover to the per-lineage lines after Figure 6a."""
+    """The tables (``reach_lens.rlvr.tables``) as markdown, every oracle beside its guessing floor: ``t5``
+    `tables.checkpoint_changes`, ``fates`` `tables.fates_table`, ``t6`` `tables.checkpoint_changes_by_budget`, ``t7``
+    `tables.deployed_vote_oracle`, ``t8`` `tables.format_transfer`, ``prop`` `tables.propensity` (the paper's
+    Tables 5-8, Figures 6a and 7); ``reference`` (the paper's figures to read them against) follows Table 5;
+    ``crossings`` (`tables.crossovers`) adds each lineage's reach@k crossover to the per-lineage lines after
+    Figure 6a."""
     lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes by "
              "paired bootstrap)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | "
              "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]

@@ -1,13 +1,13 @@
-"""The study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
+"""The RLVR study's tables from per-question records (``records.make_record`` rows) of checkpoints under one protocol.
 
-    table5({"grpo": (base_K, grpo_K)}, floor)      # per pair: n, K, D/O of both, delta n_reachable
-    fates_table({"grpo": (base_K, grpo_K)}, base_samples=base_2K)   # Figure 6a's counts and their two nulls
-    propensity({"grpo": (base, grpo)})              # Figure 7: realization by base hit-rate bin
-    table6({"grpo": (base_2K, grpo_2K)}, K, m)      # budget control: K and 2K from one set of 2K samples
-    table7({"base": base_2K, "grpo": ...}, K, m)    # lineage: deployed, majority vote, oracle
-    reach_curves({"base": base_2K, "grpo": ...})    # reach@k, k = 1..2K, per checkpoint
-    crossovers({"base": base_2K, "grpo": ...}, "base")   # where the base's reach@k overtakes each trained one's
-    table8({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # format transfer
+    checkpoint_changes({"grpo": (base_K, grpo_K)}, m)                 # Table 5: D/O of both, delta n_reachable
+    fates_table({"grpo": (base_K, grpo_K)}, base_samples=base_2K)     # Figure 6a's counts and their two nulls
+    propensity({"grpo": (base, grpo)})                                # Figure 7: realization by base hit-rate bin
+    checkpoint_changes_by_budget({"grpo": (base_2K, grpo_2K)}, K, m)  # Table 6: at K and 2K from one set of 2K
+    deployed_vote_oracle({"base": base_2K, "grpo": ...}, K, m)        # Table 7, lineage: D, vote@K, O_K
+    reach_curves({"base": base_2K, "grpo": ...})                      # reach@k, k = 1..2K, per checkpoint
+    crossovers({"base": base_2K, "grpo": ...}, "base")                # where the base's reach@k overtakes
+    format_transfer({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # Table 8
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
 every oracle is reported beside the uniform guesser's ``1 - (1 - 1/m)^K`` (averaged over questions).
@@ -23,6 +23,9 @@ import pandas as pd
 
 from reach_lens import audit
 from reach_lens.rlvr.audit_run import records_at
+from reach_lens.rlvr.fates import (crossover, fate_counts, fates, gains_under_independence, gains_under_resampling,
+                                   paired_change, realization_by_hit_rate_bin)
+from reach_lens.stats import guessing_floor, pass_at_k, wilson_interval
 
 FATE_COLUMNS = {
     "gains_from_reachable": ("realization", "newly_realized_from_reachable"),
@@ -33,30 +36,25 @@ FATE_COLUMNS = {
 }
 
 
-def guess_floor(m: int | Sequence[int] | None, K: int) -> float:
-    """`audit.guesser_reach` of ``m`` options (one count for every question, or each question's): NaN for
-    free-form answers (None: no floor)."""
-    return audit.guesser_reach([m] if isinstance(m, int) else m, K)
-
-
 def _wilson(prefix: str, x: np.ndarray) -> dict:
     x = np.asarray(x, dtype=bool)
-    lo, hi = audit.wilson_interval(int(x.sum()), len(x))
+    lo, hi = wilson_interval(int(x.sum()), len(x))
     return {prefix: float(x.mean()) if len(x) else math.nan, f"{prefix}_lo": lo, f"{prefix}_hi": hi,
             f"{prefix}_n": len(x)}
 
 
-def table5(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None, n_boot: int = 2000,
-           seed: int = 0) -> pd.DataFrame:
-    """The paper's Table 5, one row per (base, trained) pair of records at one K.
+def checkpoint_changes(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None,
+                       n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Base -> trained changes of D and O_K (the paper's Table 5), one row per (base, trained) pair of records at
+    one K.
 
     Columns: pair, n, K, floor, D_base, O_base, D_trained, O_trained (Wilson 95%, _lo/_hi), D_change, O_change
     (paired bootstrap 95%), n_reachable_base/_trained, delta_n_reachable (with _lo/_hi = n x O_change's).
     """
     rows = []
     for label, (base, trained) in pairs.items():
-        c = audit.paired_change(base, trained, n_boot=n_boot, seed=seed)
-        rows.append({"pair": label, "floor": guess_floor(m, c["K"]), **c})
+        c = paired_change(base, trained, n_boot=n_boot, seed=seed)
+        rows.append({"pair": label, "floor": guessing_floor(m, c["K"]), **c})
     return pd.DataFrame(rows)
 
 
@@ -68,11 +66,11 @@ def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: in
 
     independence: ``gains_from_reachable_expected`` (gaining independent of base reachability: the gains spread
     over the base-unrealized questions in proportion to how many are reachable) with its 95% permutation interval
-    (``_lo``, ``_hi``; `audit.gains_under_independence`);
+    (``_lo``, ``_hi``; `fates.gains_under_independence`);
     resampling: ``gains_from_reachable_expected_resampling`` (the trained greedy answer one draw from the base's
     own samples: question i gained with probability p_i = its base hit rate; expected sum p_i over the
     base-unrealized, base-reachable questions) with the 2.5% and 97.5% quantiles of the exact Poisson-binomial
-    count (``_lo``, ``_hi``; `audit.gains_under_resampling`), and ``gains_from_unreachable_expected_resampling``
+    count (``_lo``, ``_hi``; `fates.gains_under_resampling`), and ``gains_from_unreachable_expected_resampling``
     (``_lo``, ``_hi``): sum p_i over the base-unreachable ones (0 when p is over the fates' own K samples).
     ``resampling_samples``: the number of base samples p_i is a hit rate over.
 
@@ -82,19 +80,19 @@ def fates_table(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], seed: in
     """
     rows = []
     for label, (base, trained) in pairs.items():
-        f = audit.fates(base, trained)
-        counts = audit.fate_counts(f).set_index(["axis", "fate"])["count"]
+        f = fates(base, trained)
+        counts = fate_counts(f).set_index(["axis", "fate"])["count"]
         row = {"pair": label, "n": len(f), "K": int(f["K_base"].iloc[0])}
         row.update({name: int(counts[key]) for name, key in FATE_COLUMNS.items()})
         row["net_deployed_change"] = row["gains_from_reachable"] + row["gains_from_unreachable"] - row["losses"]
         row["net_reachable_change"] = row["entered_reachable"] - row["left_reachable"]
-        chance = audit.gains_under_independence(f, seed=seed)
+        chance = gains_under_independence(f, seed=seed)
         row.update({"gains_from_reachable_expected": chance["expected"],
                     "gains_from_reachable_expected_lo": chance["lo"], "gains_from_reachable_expected_hi": chance["hi"]})
         rates, samples = None, row["K"]
         if base_samples is not None:
             rates, samples = _hit_rates(base_samples, f, label)
-        null = audit.gains_under_resampling(f, rates)
+        null = gains_under_resampling(f, rates)
         for col, (mean, lo, hi) in (("gains_from_reachable", ("expected", "lo", "hi")),
                                     ("gains_from_unreachable", ("expected_unreachable", "unreachable_lo",
                                                                 "unreachable_hi"))):
@@ -115,7 +113,7 @@ def _hit_rates(base_samples: pd.DataFrame, fates_df: pd.DataFrame, label: str) -
     b = b.loc[fates_df["question_id"]]
     if (b["d"].astype(bool).to_numpy() != fates_df["d_base"].astype(bool).to_numpy()).any():
         raise ValueError(f"{label}: base_samples' greedy answers differ from the pair's base records: not its base")
-    samples = audit._single_K(b)
+    samples = audit.single_K(b)
     if samples < int(fates_df["K_base"].max()):
         raise ValueError(f"{label}: base_samples hold {samples} samples, fewer than the pair's K")
     return b["hits"] / b["K"], samples
@@ -123,13 +121,13 @@ def _hit_rates(base_samples: pd.DataFrame, fates_df: pd.DataFrame, label: str) -
 
 def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
                bins: Sequence[float] | None = None, seed: int = 0) -> pd.DataFrame:
-    """Figure 7 for every pair: ``audit.realization_by_hit_rate_bin`` rows (with each bin's count expected under
-    independence) with a pair column. The bins follow each pair's K (`audit.hit_rate_bins`: by default 0, 1,
+    """Figure 7 for every pair: ``fates.realization_by_hit_rate_bin`` rows (with each bin's count expected under
+    independence) with a pair column. The bins follow each pair's K (`fates.hit_rate_bins`: by default 0, 1,
     2-3, 4-7, ... hits of K; ``bins``: hit-rate edges instead, bins no c/K reaches merged into the next), and
     every row carries that K and its bin's edges (hits_lo, hits_hi; bin_lo, bin_hi = the same over K)."""
     frames = []
     for label, (base, trained) in pairs.items():
-        t = audit.realization_by_hit_rate_bin(base, trained, bins, seed=seed)
+        t = realization_by_hit_rate_bin(base, trained, bins, seed=seed)
         t.insert(0, "pair", label)
         frames.append(t)
     return pd.concat(frames, ignore_index=True)
@@ -137,12 +135,13 @@ def propensity(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
 
 def _reach_at(records: pd.DataFrame, k: int) -> float:
     """Mean over questions of the unbiased pass@k from all of each question's candidates."""
-    return float(np.mean([audit.pass_at_k(int(K), int(h), k) for K, h in zip(records["K"], records["hits"])]))
+    return float(np.mean([pass_at_k(int(K), int(h), k) for K, h in zip(records["K"], records["hits"])]))
 
 
-def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: int | Sequence[int] | None,
-           n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Budget control from records of 2K samples: one row per pair and budget (K, 2K).
+def checkpoint_changes_by_budget(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int,
+                                 m: int | Sequence[int] | None, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Base -> trained changes at two budgets, K and 2K, from records of 2K samples (the paper's Table 6, its budget
+    control): one row per pair and budget.
 
     At each budget: O of base and trained on that many samples (the first K, or all 2K; Wilson 95%), their
     gaps O - D, the paper's gap O_base - O_trained (``O_drop``, paired bootstrap 95%), delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
@@ -153,8 +152,8 @@ def table6(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int, m: in
         total = int(base["K"].iloc[0])
         for k in sorted({K, total}):
             b, t = (records_at(base, k), records_at(trained, k)) if k != total else (base, trained)
-            c = audit.paired_change(b, t, n_boot=n_boot, seed=seed)
-            rows.append({"pair": label, "n": c["n"], "K": k, "samples": total, "floor": guess_floor(m, k),
+            c = paired_change(b, t, n_boot=n_boot, seed=seed)
+            rows.append({"pair": label, "n": c["n"], "K": k, "samples": total, "floor": guessing_floor(m, k),
                          **{f"{x}_{s}{e}": c[f"{x}_{s}{e}"] for x in ("D", "O") for s in ("base", "trained")
                             for e in ("", "_lo", "_hi")},
                          "gap_base": c["O_base"] - c["D_base"], "gap_trained": c["O_trained"] - c["D_trained"],
@@ -180,8 +179,8 @@ def reach_curves(checkpoints: Mapping[str, pd.DataFrame], n_boot: int = 2000, se
 def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot: int = 2000,
                seed: int = 0) -> pd.DataFrame:
     """Per trained checkpoint (every checkpoint but ``base_label``), where the base's reach@k curve meets its own
-    over k = 1..K (all samples; one K for both), on the questions both answered (`audit.fates`' join):
-    `audit.crossover` of their per-question unbiased pass@k.
+    over k = 1..K (all samples; one K for both), on the questions both answered (`fates.fates`' join):
+    `fates.crossover` of their per-question unbiased pass@k.
 
     Columns: pair, base, n, K, crossed (the base overtakes at some k <= K), k_cross (the smallest k with base
     reach@k >= trained; empty when none), k_min_gap (the k of the smallest gap trained - base), min_gap,
@@ -194,11 +193,11 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
     for label, trained in checkpoints.items():
         if label == base_label:
             continue
-        f = audit.fates(checkpoints[base_label], trained)
+        f = fates(checkpoints[base_label], trained)
         K = int(f["K_base"].iloc[0])
         ks = list(range(1, K + 1))
         b, t = audit.pass_at_ks(f["hits_base"], K, ks), audit.pass_at_ks(f["hits_trained"], K, ks)
-        c = audit.crossover(b, t, ks, n_boot=n_boot, seed=seed)
+        c = crossover(b, t, ks, n_boot=n_boot, seed=seed)
         rows.append({"pair": label, "base": base_label, "n": len(f), "K": K, "crossed": c["k_cross"] is not None,
                      "k_cross": c["k_cross"], "k_min_gap": c["k_min_gap"], "min_gap": c["min_gap"],
                      "min_gap_lo": c["lo"], "min_gap_hi": c["hi"], "reach_base_K": float(b[:, -1].mean()),
@@ -209,26 +208,28 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
     return out
 
 
-def table7(checkpoints: Mapping[str, pd.DataFrame], K: int, m: int | Sequence[int] | None) -> pd.DataFrame:
-    """Lineage control: per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson 95%), O at all samples."""
+def deployed_vote_oracle(checkpoints: Mapping[str, pd.DataFrame], K: int,
+                         m: int | Sequence[int] | None) -> pd.DataFrame:
+    """Lineage control (the paper's Table 7): per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson
+    95%), O at all samples."""
     rows = []
     for label, records in checkpoints.items():
         total = int(records["K"].iloc[0])
         at_k = records_at(records, K) if K != total else records
-        rows.append({"checkpoint": label, "n": len(records), "K": K, "floor": guess_floor(m, K),
+        rows.append({"checkpoint": label, "n": len(records), "K": K, "floor": guessing_floor(m, K),
                      **_wilson("D", at_k["d"]), **_wilson("vote", at_k["vote_correct"]), **_wilson("O", at_k["o"]),
-                     "samples": total, **_wilson("O_all", records["o"]), "floor_all": guess_floor(m, total),
+                     "samples": total, **_wilson("O_all", records["o"]), "floor_all": guessing_floor(m, total),
                      "format_failure_rate": float(at_k["format_failures"].sum() / (K * len(at_k)))})
     return pd.DataFrame(rows)
 
 
-def table8(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]], n_boot: int = 2000,
-           seed: int = 0) -> pd.DataFrame:
-    """Format transfer, per trained checkpoint: (base records at K in the trained format, trained records at K in
-    it, base greedy answers in the control format, trained greedy answers in it: ``runs.RunLoop.deployed`` rows). When base and trained checkpoints
-    share one chat template (as LoRA checkpoints of one model do), this measures whether gains transfer to an
-    untrained plain prompt; only a checkpoint that brings its own template measures the paper's native vs
-    shared format confound.
+def format_transfer(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]],
+                    n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Format transfer (the paper's Table 8), per trained checkpoint: (base records at K in the trained format,
+    trained records at K in it, base greedy answers in the control format, trained greedy answers in it, as
+    ``runs.RunLoop.deployed`` gives them). When base and trained checkpoints share one prompt template (as LoRA
+    checkpoints of one model do), this measures whether gains transfer to a prompt training never saw; only a
+    checkpoint that brings its own chat template measures the paper's native vs shared format confound.
 
     Population P: questions base-reachable but not base-realized under the native protocol. Columns: pair,
     n (all questions), n_pool (|P|), D_base/D_trained under each format (``_native``, ``_shared``; Wilson),

@@ -1,5 +1,6 @@
 """What the routing and selection studies compute from their stored rows: oracle curves over k, random minus
-structured search, Table 1, and answer-blind recovery per cell with format-collapse flags.
+structured search, the gains over the unmodified model (the paper's Table 1), and answer-blind recovery per cell
+with format-collapse flags.
 
     pq = per_question(search_table, K, n_layers)           # one cell (model, task): arrays per question
     tables = analyse({("embedded", "arc_easy"): pq}, spaces, methods, K, vote_k=16, mcts_k=50)
@@ -31,10 +32,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.audit import bootstrap_ci, wilson_band, wilson_interval
+from reach_lens.stats import bootstrap_ci, wilson_band, wilson_interval
 from reach_lens.select import majority_vote, recovery, recovery_table
 
-TABLE1_SPACE = "skip_repeat"
+GAINS_SPACE = "skip_repeat"
 POOLED = "all questions pooled"
 RANDOM = "random"
 
@@ -109,9 +110,10 @@ def found_in(records: pd.DataFrame) -> dict[str, list[tuple[tuple[int, ...], flo
             for qid, cands in zip(records.question_id, records.candidates)}
 
 
-def table1_space(spaces: Sequence[str]) -> str:
-    """The action space of Table 1: Dr.LLM's skip/repeat when searched, else the first space."""
-    return TABLE1_SPACE if TABLE1_SPACE in spaces else spaces[0]
+def gains_space(spaces: Sequence[str]) -> str:
+    """The action space of `gains_over_unmodified` (Table 1): Dr.LLM's skip/repeat when searched, else the first
+    space."""
+    return GAINS_SPACE if GAINS_SPACE in spaces else spaces[0]
 
 
 def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], methods: Sequence[str], K: int,
@@ -119,7 +121,7 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             random_method: str = RANDOM) -> dict[str, pd.DataFrame]:
     """The routing study's tables from its cells (``cells[(model, task)] = per_question(...)``, with ``router``
     [n] added for Table 1), ``random_method``'s routes against the structured ``methods``: ``oracle_curves``,
-    ``random_minus_structured``, ``direction_counts``, ``table1``.
+    ``random_minus_structured``, ``direction_counts``, ``table1`` (`gains_over_unmodified`).
 
     Every share of questions (o(k), vote@k, D, O_K) carries its Wilson 95% interval (``lo``/``hi``, ``D_lo``/``D_hi``,
     ``random_oracle_lo``/...); only differences between two searches on the same questions use the paired
@@ -157,7 +159,7 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
     diffs_df = pd.DataFrame(diffs)
     return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
             "direction_counts": direction_counts(diffs_df),
-            "table1": table1(cells, table1_space(spaces), methods, K, vote_k, mcts_k, random_method)}
+            "table1": gains_over_unmodified(cells, gains_space(spaces), methods, K, vote_k, mcts_k, random_method)}
 
 
 def direction(row) -> str:
@@ -187,12 +189,12 @@ def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
                                        "collapsed_cells", "median_diff_clean"])
 
 
-def table1(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[str], K: int, vote_k: int,
-           mcts_k: int, random_method: str = RANDOM) -> pd.DataFrame:
-    """Percentage points over the unmodified model, per (model, task) and over all of a model's questions pooled
-    (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle over its first mcts_k distinct routes (the
-    paper's "MCTS oracle@50 simulations": a simulation here is one distinct route evaluated), random oracle@K
-    (the random columns from ``random_method``'s routes)."""
+def gains_over_unmodified(cells: Mapping[tuple[str, str], dict], space: str, methods: Sequence[str], K: int,
+                          vote_k: int, mcts_k: int, random_method: str = RANDOM) -> pd.DataFrame:
+    """Percentage points over the unmodified model (the paper's Table 1), per (model, task) and over all of a
+    model's questions pooled (task ``POOLED``): learned router, random vote@vote_k, MCTS oracle over its first mcts_k
+    distinct routes (the paper's "MCTS oracle@50 simulations": a simulation here is one distinct route evaluated),
+    random oracle@K (the random columns from ``random_method``'s routes)."""
     vote_k, mcts_k = min(vote_k, K), min(mcts_k, K)
     rows = []
     for model in dict.fromkeys(m for m, _ in cells):
