@@ -32,16 +32,13 @@ import gc
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from reach_lens import audit, cli, logs, plots, stats
+from reach_lens import audit, cli, logs, plots
 from reach_lens.errors import UserError
 from reach_lens.generate import Engine, TransformerLensEngine
-from reach_lens.models import checkpoint_tokenizer, local_checkpoint
+from reach_lens.models import checkpoint_tokenizer
 from reach_lens.rlvr import tables
-from reach_lens.rlvr.audit_run import audit_checkpoint, audit_protocols, check_comparable, records_at
+from reach_lens.rlvr.audit_run import audit_checkpoint, audit_protocols, check_comparable, control_format
 from reach_lens.rlvr.fates import hit_rate_bins
-from reach_lens.rlvr.recipes import KINDS, base_name, checkpoint_path, default_recipe
 from reach_lens.rlvr.report import report
 from reach_lens.rlvr.split import check_disjoint, split_questions
 from reach_lens.runs import publish, summary_dir
@@ -94,36 +91,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def control_format(fmt: str, task) -> str:
-    """The default format of the format-transfer table: plain text the trained format is not."""
-    if fmt != "shared":
-        return "shared"
-    return "fewshot" if "fewshot" in task.formats else "native"
-
-
-def default_checkpoints(args: argparse.Namespace) -> dict[str, Path]:
-    """The default recipes' checkpoints, trained here (saying so) when missing."""
-    out = {}
-    for kind in KINDS:
-        recipe = default_recipe(kind, base=base_name(args.model), task=args.task, fmt=args.fmt, salt=args.salt,
-                                audit_share=args.audit_share, precision=args.dtype)
-        path = checkpoint_path(recipe)
-        if not (path / "reach_lens_training.json").exists():
-            if args.no_train:
-                raise UserError(f"{kind} checkpoint {path} is missing and --no-train is set: run "
-                                 f"python experiments/train_rlvr.py --recipe {kind} --task {args.task} --fmt {args.fmt}")
-            from reach_lens.rlvr.train import train
-
-            base = Path(local_checkpoint(args.model))
-            if not (base / "config.json").exists():
-                raise UserError(f"cannot train from --model {args.model!r}: training needs a local HF checkpoint "
-                                 "directory; pass trained checkpoints with --checkpoints")
-            SAY(f"{kind} checkpoint {recipe.name} is missing: training it first (up to ~45 min on a 2-core CPU)")
-            train(recipe, base, path, source=args.source, device=args.device)
-        out[kind] = path
-    return out
-
-
 def audit_checkpoints(args, loop, task, questions, settings, checkpoints: dict[str, Path | None], run_root: Path):
     """Records in the main format (greedy + 2K samples) and greedy answers in the control format, per checkpoint;
     every checkpoint's protocols are checked against the base's before it generates anything."""
@@ -166,8 +133,11 @@ def main(argv=None) -> int:
         raise UserError(f"--n {args.n} out of range: the audit side of {args.task} holds {len(audit_side)} questions "
                          f"(--audit-share {args.audit_share}); use --n <= {len(audit_side)}")
     questions = subsample(audit_side, args.n, args.seed)
-    trained = dict(args.checkpoints) if args.checkpoints else default_checkpoints(args)
-    from reach_lens.rlvr.train import read_metadata, training_ids
+    from reach_lens.rlvr.train import default_checkpoints, read_metadata, training_ids
+
+    trained = dict(args.checkpoints) if args.checkpoints else default_checkpoints(
+        args.model, args.task, args.fmt, args.salt, args.audit_share, args.dtype, args.source, args.device,
+        train_missing=not args.no_train)
 
     for label, path in trained.items():
         check_disjoint([q.id for q in questions], training_ids(path), f"{label} checkpoint ({path})")
@@ -181,39 +151,24 @@ def main(argv=None) -> int:
     native, control, protocols = audit_checkpoints(args, loop, task, questions, settings, {BASE: None, **trained},
                                                    run_root)
 
-    m = audit.options_per_question(questions)  # None for free-form answers: no guessing floor
-    at_k = {label: records_at(r, args.K) for label, r in native.items()}
-    pairs_k = {label: (at_k[BASE], at_k[label]) for label in trained}
-    pairs_2k = {label: (native[BASE], native[label]) for label in trained}
-    t5 = tables.checkpoint_changes(pairs_k, m, seed=args.seed)
-    fates = tables.fates_table(pairs_k, seed=args.seed, base_samples=native[BASE])
-    prop = pd.concat([tables.propensity(pairs_k, args.bins, seed=args.seed),
-                      tables.propensity(pairs_2k, args.bins, seed=args.seed)], ignore_index=True)
-    t6 = tables.checkpoint_changes_by_budget(pairs_2k, args.K, m, seed=args.seed)
-    t7 = tables.deployed_vote_oracle(native, args.K, m)
-    t8 = tables.format_transfer({label: (at_k[BASE], at_k[label], control[BASE], control[label]) for label in trained},
-                                seed=args.seed)
-    curves, cross = tables.reach_curves(native, seed=args.seed), tables.crossovers(native, BASE, seed=args.seed)
-    curves["guess"] = stats.guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
-    for t in (t5, fates, prop, t6, t7, t8, curves, cross):
-        t.insert(1, "T", args.T)
+    t = tables.audit_tables(native, control, BASE, args.K, args.T, audit.options_per_question(questions), args.bins,
+                            seed=args.seed)
     summary = summary_dir(run_root, protocols)
-    for name, t in (("table5", t5), ("fates", fates), ("propensity", prop), ("table6_budget", t6),
-                    ("table7_lineage", t7), ("table8_format_transfer", t8), ("reach_curves", curves),
-                    ("crossover", cross)):
-        t.to_csv(summary / f"{name}.csv", index=False)
-    text = report(t5, fates, t6, t7, t8, prop, args.K, args.T, args.fmt, args.control_fmt, PAPER, cross)
+    for name, table in t.items():
+        table.to_csv(summary / f"{name}.csv", index=False)
+    text = report(t["table5"], t["fates"], t["table6_budget"], t["table7_lineage"], t["table8_format_transfer"],
+                  t["propensity"], args.K, args.T, args.fmt, args.control_fmt, PAPER, t["crossover"])
     (summary / "summary.md").write_text(text)
     base_name = protocols[0].model
     tag = f"{base_name}-{args.task}-n{len(questions)}-K{args.K}"
     what = f"{base_name} on {args.task}"
     publish(args.figures, {
-        summary / f"rlvr_fates_{tag}.png": plots.plot_rlvr_fates(fates, title=f"Fates, {what}"),
-        summary / f"rlvr_changes_{tag}.png": plots.plot_rlvr_changes(t5, title=f"D and O_K change, {what}"),
+        summary / f"rlvr_fates_{tag}.png": plots.plot_rlvr_fates(t["fates"], title=f"Fates, {what}"),
+        summary / f"rlvr_changes_{tag}.png": plots.plot_rlvr_changes(t["table5"], title=f"D and O_K change, {what}"),
         summary / f"rlvr_propensity_{tag}.png": plots.plot_rlvr_propensity(
-            prop, title=f"Realization after training by base hit rate, {what}"),
-        summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t7, title=f"Lineage, {what}"),
-        summary / f"rlvr_reach_curves_{tag}.png": plots.plot_rlvr_reach_curves(curves, cross,
+            t["propensity"], title=f"Realization after training by base hit rate, {what}"),
+        summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t["table7_lineage"], title=f"Lineage, {what}"),
+        summary / f"rlvr_reach_curves_{tag}.png": plots.plot_rlvr_reach_curves(t["reach_curves"], t["crossover"],
                                                                               title=f"reach@k, {what}")})
     print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")

@@ -26,9 +26,9 @@ import pandas as pd
 
 from reach_lens import cli, logs, plots
 from reach_lens.errors import UserError
-from reach_lens.models import checkpoint_tokenizer, local_checkpoint
+from reach_lens.models import EMBEDDED_MODELS, checkpoint_tokenizer, local_checkpoint
 from reach_lens.rlvr.recipes import KINDS, PROMPT_FILTERS, base_name, checkpoints_root, default_recipe
-from reach_lens.tasks import FORMATS, get_task
+from reach_lens.tasks import FORMATS, TASK_NAMES, get_task
 
 SAY = logs.say("train_rlvr")
 
@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="base model: an embedded one by name or a Hugging Face checkpoint directory (default: the "
                         "embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--task", default="squad", help="training task (its grader is the reward; default squad)")
+    p.add_argument("--task", default="squad", choices=TASK_NAMES, metavar="TASK",
+                   help="training task (its grader is the reward; default squad)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
     p.add_argument("--fmt", default="auto", choices=FORMATS,
                    help="prompt format of training and of --reward-density: auto (each task's own for the base "
@@ -68,31 +69,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bfloat16 or float16 (part of the recipe, so of the checkpoint's name)")
     p.add_argument("--threads", type=cli.positive_int, default=None, help="torch CPU threads (1 on a shared machine)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint root (default <cache>/checkpoints/rlvr)")
-    p.add_argument("--reward-density", nargs="+", default=None, metavar="TASK",
+    p.add_argument("--reward-density", nargs="+", default=None, choices=TASK_NAMES, metavar="TASK",
                    help="train nothing: measure the base model's reward density (share of correct samples at T=0.8, "
                         "K=8) on --density-n training questions of each TASK, the measurement a task is chosen by")
     p.add_argument("--density-n", type=cli.positive_int, default=40, help="questions per task for --reward-density")
     p.add_argument("--figures", type=Path, default=Path("figures"), help="where the training curves go")
     args = p.parse_args(argv)
     cli.check_output_dir(args.figures, "--figures")
-    from reach_lens.models import EMBEDDED_MODELS
-
     if args.model is not None and args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
         p.error(f"--model {args.model!r} is neither an embedded model ({', '.join(EMBEDDED_MODELS)}) nor a Hugging "
                 "Face checkpoint directory")
-    from reach_lens.tasks import TASK_NAMES
-
-    for task in [args.task, *(args.reward_density or [])]:
-        if task not in TASK_NAMES:
-            p.error(f"task {task!r} unknown; valid: {', '.join(TASK_NAMES)}")
     if args.recipe == "all" and (args.steps or args.lr):
         p.error("--steps and --lr set one recipe's values: name it with --recipe grpo or --recipe sft")
     return args
 
 
 def recipes_of(args: argparse.Namespace) -> list:
-    changes = {"base": base_name(args.model), "task": args.task, "fmt": args.fmt, "salt": args.salt, "audit_share": args.audit_share, "seed": args.seed,
-               "save_steps": args.save_steps, "precision": args.dtype}
+    changes = {"base": base_name(args.model), "task": args.task, "fmt": args.fmt, "salt": args.salt,
+               "audit_share": args.audit_share, "seed": args.seed, "save_steps": args.save_steps,
+               "precision": args.dtype}
     if args.full:
         changes["lora_r"] = None
     elif args.lora_r is not None:

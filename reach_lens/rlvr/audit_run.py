@@ -46,6 +46,13 @@ def audit_protocols(engine: Any, task: Any, questions: Sequence[Any], fmt: str, 
             "control": greedy(control_fmt)}
 
 
+def control_format(fmt: str, task: Any) -> str:
+    """The default format of the format-transfer table: plain text the trained format ``fmt`` is not."""
+    if fmt != "shared":
+        return "shared"
+    return "fewshot" if "fewshot" in task.formats else "native"
+
+
 def audit_checkpoint(loop: RunLoop, engine: Any, task: Any, questions: Sequence[Any],
                      protocols: Mapping[str, Protocol], run: Path, label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One checkpoint's records (greedy answer and samples in the main format) and its greedy answers in the

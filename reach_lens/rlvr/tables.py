@@ -8,6 +8,7 @@
     reach_curves({"base": base_2K, "grpo": ...})                      # reach@k, k = 1..2K, per checkpoint
     crossovers({"base": base_2K, "grpo": ...}, "base")                # where the base's reach@k overtakes
     format_transfer({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # Table 8
+    audit_tables(records, control, "base", K=16, T=0.8, m=None)       # all of them, by the file each is written to
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
 every oracle is reported beside the uniform guesser's ``1 - (1 - 1/m)^K`` (averaged over questions).
@@ -263,3 +264,30 @@ def format_transfer(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.Dat
                      **_wilson("base_realized_shared", d["bs"][pool]),
                      "retained": retained, "retained_lo": lo, "retained_hi": hi})
     return pd.DataFrame(rows)
+
+
+def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.DataFrame], base: str, K: int,
+                 T: float, m: int | Sequence[int] | None, bins: Sequence[float] | None = None,
+                 seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table of one audit, by the name of its file: ``records`` maps each checkpoint (``base`` among them) to
+    its records of 2K samples, ``control`` to its greedy answers in the control format (``runs.RunLoop.deployed``
+    rows); ``K`` is the main budget, ``T`` the temperature (a column of every table), ``bins`` the propensity's
+    hit-rate edges (default: hit counts that follow K)."""
+    trained = [label for label in records if label != base]
+    at_k = {label: records_at(r, K) for label, r in records.items()}
+    pairs_k = {label: (at_k[base], at_k[label]) for label in trained}
+    pairs_2k = {label: (records[base], records[label]) for label in trained}
+    curves = reach_curves(records, seed=seed)
+    curves["guess"] = guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
+    out = {"table5": checkpoint_changes(pairs_k, m, seed=seed),
+           "fates": fates_table(pairs_k, seed=seed, base_samples=records[base]),
+           "propensity": pd.concat([propensity(pairs_k, bins, seed=seed), propensity(pairs_2k, bins, seed=seed)],
+                                   ignore_index=True),
+           "table6_budget": checkpoint_changes_by_budget(pairs_2k, K, m, seed=seed),
+           "table7_lineage": deployed_vote_oracle(records, K, m),
+           "table8_format_transfer": format_transfer({label: (at_k[base], at_k[label], control[base], control[label])
+                                                      for label in trained}, seed=seed),
+           "reach_curves": curves, "crossover": crossovers(records, base, seed=seed)}
+    for table in out.values():
+        table.insert(1, "T", T)
+    return out

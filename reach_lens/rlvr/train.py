@@ -30,7 +30,8 @@ import pandas as pd
 import torch
 
 from reach_lens.rlvr.data import as_dataset, grpo_rows, sft_rows
-from reach_lens.rlvr.recipes import Recipe, checkpoint_path
+from reach_lens.errors import UserError
+from reach_lens.rlvr.recipes import KINDS, Recipe, base_name, checkpoint_path, default_recipe
 from reach_lens.rlvr.rewards import sample_hits, task_reward
 from reach_lens.rlvr.split import Split, split_questions
 
@@ -266,3 +267,29 @@ def _mean_reward(log_history: pd.DataFrame, first: bool, span: int = 5) -> float
     if r.empty:
         return None
     return float((r.head(span) if first else r.tail(span)).mean())
+
+
+def default_checkpoints(model: str | None, task: str, fmt: str, salt: str, audit_share: float, precision: str,
+                        source: str | None = None, device: str | None = None,
+                        train_missing: bool = True) -> dict[str, Path]:
+    """The default recipes' checkpoints of base ``model`` (None: the embedded one) on ``task``, trained here
+    (saying so) when missing; with ``train_missing`` False a missing one is a ``UserError`` naming the command."""
+    from reach_lens.models import local_checkpoint
+
+    out = {}
+    for kind in KINDS:
+        recipe = default_recipe(kind, base=base_name(model), task=task, fmt=fmt, salt=salt, audit_share=audit_share,
+                                precision=precision)
+        path = checkpoint_path(recipe)
+        if not (path / METADATA).exists():
+            if not train_missing:
+                raise UserError(f"{kind} checkpoint {path} is missing and --no-train is set: run "
+                                f"python experiments/train_rlvr.py --recipe {kind} --task {task} --fmt {fmt}")
+            base = Path(local_checkpoint(model))
+            if not (base / "config.json").exists():
+                raise UserError(f"cannot train from --model {model!r}: training needs a local Hugging Face "
+                                "checkpoint directory; pass trained checkpoints with --checkpoints")
+            log.info(f"{kind} checkpoint {recipe.name} is missing: training it first")
+            train(recipe, base, path, source=source, device=device)
+        out[kind] = path
+    return out
