@@ -1,6 +1,7 @@
 """TRL wiring on a tiny random Llama checkpoint: a 2-step GRPO run (LoRA, killed after step 1 and resumed) and a
 2-step SFT run (full fine-tuning), each saved as a plain HF checkpoint that ``load_model`` reads."""
 import json
+import logging
 
 import pytest
 import torch
@@ -53,7 +54,25 @@ def test_stop_token_ids():
     assert stop_token_ids(tiny_tokenizer(), ()) == []
 
 
-def test_grpo_two_steps_killed_resumed_and_loadable(base_dir, tmp_path, monkeypatch):
+@pytest.fixture
+def said_by_training():
+    """The messages training logs (``reach_lens.rlvr.train``'s logger at INFO), collected in a list."""
+    said = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logger, handler = logging.getLogger("reach_lens.rlvr.train"), Collect()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield said
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_grpo_two_steps_killed_resumed_and_loadable(base_dir, tmp_path, monkeypatch, said_by_training):
     recipe = default_recipe("grpo", steps=2, num_generations=2, save_steps=1, logging_steps=1, audit_share=0.5)
     out = tmp_path / "ckpt" / recipe.name
     real_callback = train_module._callback
@@ -70,11 +89,11 @@ def test_grpo_two_steps_killed_resumed_and_loadable(base_dir, tmp_path, monkeypa
 
     monkeypatch.setattr(train_module, "_callback", killing_callback)
     with pytest.raises(RuntimeError, match="killed after step 1"):
-        train(recipe, base_dir, out, questions=QUESTIONS, log=lambda m: None)
+        train(recipe, base_dir, out, questions=QUESTIONS)
     assert (out.with_name(out.name + ".work") / "checkpoint-1").is_dir() and not out.exists()
     monkeypatch.setattr(train_module, "_callback", real_callback)
-    said = []
-    assert train(recipe, base_dir, out, questions=QUESTIONS, log=said.append) == out
+    said = said_by_training
+    assert train(recipe, base_dir, out, questions=QUESTIONS) == out
     assert any("resuming from checkpoint-1" in line for line in said)
     assert not out.with_name(out.name + ".work").exists()  # resume points are removed once the model is saved
 
@@ -88,13 +107,13 @@ def test_grpo_two_steps_killed_resumed_and_loadable(base_dir, tmp_path, monkeypa
     assert model.cfg.n_layers == 2 and model.cfg.d_vocab == len(WORDS)
     assert torch.isfinite(model(torch.tensor([[1, 3, 4]]))).all()
     said.clear()
-    assert train(recipe, base_dir, out, questions=QUESTIONS, log=said.append) == out  # finished: not retrained
+    assert train(recipe, base_dir, out, questions=QUESTIONS) == out  # finished: not retrained
     assert said and "already trained" in said[0]
 
 
 def test_sft_two_steps_full_fine_tuning(base_dir, tmp_path):
     recipe = default_recipe("sft", steps=2, batch_size=4, lora_r=None, learning_rate=1e-2, audit_share=0.5)
-    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, log=lambda m: None)
+    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS)
     assert read_metadata(out)["steps"] == 2 and read_metadata(out)["recipe"]["lora_r"] is None
     before, after = load_model(base_dir), load_model(out)
     changed = [n for n, p in after.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
@@ -106,7 +125,7 @@ def test_bfloat16_mixed_precision_is_a_recipe_of_its_own_and_trains_on_the_cpu(b
                             precision="bfloat16")
     assert recipe.name != default_recipe("sft", steps=2, batch_size=4, lora_r=None, learning_rate=1e-2,
                                          audit_share=0.5).name  # another precision, another checkpoint
-    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, device="cpu", log=lambda m: None)
+    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, device="cpu")
     meta = read_metadata(out)
     assert meta["recipe"]["precision"] == "bfloat16" and meta["device"] == "cpu"
     trained = load_model(out)
@@ -144,7 +163,7 @@ def test_informative_filter_trains_on_the_mixed_groups_only_and_samples_once(bas
 
     monkeypatch.setattr(train_module, "sample_hits", fake_hits)
     monkeypatch.setattr(train_module, "_trainer", recording_trainer)
-    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS, log=lambda m: None)
+    out = train(recipe, base_dir, tmp_path / recipe.name, questions=QUESTIONS)
     informative = [q.id for q in train_qs if 0 < hits[q.id] < 4]
     assert drawn == [(4, recipe.temperature, recipe.seed, [q.id for q in train_qs])]
     assert trained_on == informative and 0 < len(informative) < len(train_qs)
