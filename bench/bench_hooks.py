@@ -15,7 +15,7 @@ import time
 import torch
 
 from reach_lens import load_model
-from reach_lens.hooks import Silence
+from reach_lens.interventions import Silence
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import torch
 
 from reach_lens import probes
 from reach_lens.generate import Request, TransformerLensEngine, row_seed
-from reach_lens.hooks import Silence
+from reach_lens.interventions import Silence
 from reach_lens.models import embedded_checkpoint_dir, load_model
 from reach_lens.tasks import get_task, subsample
 
@@ -118,8 +118,9 @@ def main(argv=None) -> int:
 
     print("[gpu_check] 3/3 one MLP-sweep condition", flush=True)
     sweep_questions = questions[:48]
-    hooks = Silence(15, "mlp").hooks(gpu)
-    t_cond, _ = timed(lambda: probes.deploy(gpu, task, sweep_questions, "native", hooks=hooks, batch_size=128))
+    silenced = [Silence(15, "mlp")]
+    t_cond, _ = timed(lambda: probes.deploy(gpu, task, sweep_questions, "native", interventions=silenced,
+                                            batch_size=128))
     rows.append(("MLP sweep condition (48 questions, MLP 15 silenced)", f"{t_cond:.2f} s", ""))
 
     width = max(len(r[0]) for r in rows)

@@ -1,22 +1,24 @@
-"""Each batch row's own token positions in the forward pass in progress, for position-aware hooks.
+"""Each batch row's own token positions in a forward of the generation engine, for positioned hooks.
 
 A generation engine batches rows of different lengths (right-aligned KV caches, slots refilled as rows end),
-so the column of a token in the batch is not its position in its own sequence. Around every forward it
-runs, the engine declares the rows' positions here:
+so the column of a token in the batch is not its position in its own sequence. The engine makes one
+``PositionSource`` per call, builds the call's hooks with it, and declares the rows' positions on it around
+every forward it runs:
 
-    with row_positions(positions, prompt_lengths):    # [batch, pos] and [batch]
+    source = PositionSource()
+    hooks = hooks_for(interventions, model, source)      # positioned hooks keep a reference to the source
+    with model.hooks(fwd_hooks=hooks), source.declare(positions, prompt_lengths):   # [batch, pos], [batch]
         model.blocks[l](resid, ...)
 
-and positioned hooks (``Steer(positions=...)``, per-position ``Silence`` means) read them with
-``current()``. Outside such a scope (a plain forward, TransformerLens's own ``generate``) ``current()`` is
-None and hooks find positions from the forward itself (``hooks.PositionTracker``).
+A positioned hook built with a source reads the declared positions from it (``PositionSource.rows``); one
+built without a source (a plain forward, TransformerLens's own ``generate``) finds positions from the forward
+itself (``hooks.PositionTracker``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +35,6 @@ class RowPositions:
     positions: Int[Tensor, "batch pos"]
     prompt_lengths: Int[Tensor, " batch"]
 
-    def check(self, act: Tensor, hook_name: str) -> None:
-        if tuple(act.shape[:2]) != tuple(self.positions.shape):
-            raise RuntimeError(f"{hook_name}: activation of shape {tuple(act.shape)} does not match the engine's "
-                               f"row positions {tuple(self.positions.shape)} [batch, pos]")
-
     def at(self, targets: Sequence[int]) -> Bool[Tensor, "batch pos"]:
         """True where a column holds one of the absolute ``targets`` of its row (negative: from the prompt's end)."""
         wanted = torch.tensor(list(targets), dtype=torch.long, device=self.positions.device)
@@ -53,20 +50,31 @@ class RowPositions:
         return hit & (self.positions >= 0)
 
 
-_CURRENT: ContextVar[RowPositions | None] = ContextVar("reach_lens_row_positions", default=None)
+class PositionSource:
+    """The rows' positions of the forward in progress, declared by the engine that owns this source and read by
+    the hooks built with it (module docstring)."""
 
+    def __init__(self):
+        self._declared: RowPositions | None = None
 
-@contextmanager
-def row_positions(positions: Int[Tensor, "batch pos"], prompt_lengths: Int[Tensor, " batch"]) -> Iterator[RowPositions]:
-    """Declare the rows' positions for the hooks of the forward passes run inside."""
-    rows = RowPositions(positions, prompt_lengths)
-    token = _CURRENT.set(rows)
-    try:
-        yield rows
-    finally:
-        _CURRENT.reset(token)
+    @contextmanager
+    def declare(self, positions: Int[Tensor, "batch pos"],
+                prompt_lengths: Int[Tensor, " batch"]) -> Iterator[RowPositions]:
+        """Declare the rows' positions for the forwards run inside (an inner declaration holds until it ends)."""
+        outer, self._declared = self._declared, RowPositions(positions, prompt_lengths)
+        try:
+            yield self._declared
+        finally:
+            self._declared = outer
 
-
-def current() -> RowPositions | None:
-    """The positions declared by the engine for the forward in progress, or None outside an engine."""
-    return _CURRENT.get()
+    def rows(self, act: Tensor, hook_name: str) -> RowPositions:
+        """The declared positions, for an activation ``act`` of shape ``[batch, pos, ...]`` at ``hook_name``;
+        RuntimeError when none are declared or their shape differs."""
+        rows = self._declared
+        if rows is None:
+            raise RuntimeError(f"{hook_name}: no row positions declared; a hook built with a PositionSource runs "
+                               "only in forwards of the engine that declares them (build it without one elsewhere)")
+        if tuple(act.shape[:2]) != tuple(rows.positions.shape):
+            raise RuntimeError(f"{hook_name}: activation of shape {tuple(act.shape)} does not match the engine's "
+                               f"row positions {tuple(rows.positions.shape)} [batch, pos]")
+        return rows

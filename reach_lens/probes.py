@@ -1,9 +1,10 @@
 """Task-level probes: deploy (greedy, one answer), sample (K answers at a temperature), route (greedy under
 layer routes), recognize (multiple-choice likelihood). Every probe runs on one generation engine
-(``reach_lens.generate``), under any list of hooks scoped to the call; ``model`` is a ``HookedTransformer``
-(its engine is made once and kept) or an ``Engine``.
+(``reach_lens.generate``), under any sequence of interventions (``reach_lens.interventions``) for the call: the
+engine builds their hooks, so what a protocol records of them (``to_dict()``) is what ran. ``model`` is a
+``HookedTransformer`` (its engine is made once and kept) or an ``Engine``.
 
-    rows = deploy(model, task, questions, "native", hooks=Silence(12, "mlp").hooks(model))
+    rows = deploy(model, task, questions, "native", interventions=[Silence(12, "mlp")])
     cands = sample(model, task, questions, "native", K=16, temperature=0.8, seed=0)
     routed = route(model, task, questions, "native", [[(0, 1, 1, 2, ...), ...], ...])   # routes per question
     recog = recognize(model, task, questions)          # one dict per question
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from transformer_lens import HookedTransformer
 
 from reach_lens.generate import Engine, LoglikRequest, NonFiniteLogits, Request, engine_for, row_seed
-from reach_lens.hooks import Hooks
+from reach_lens.interventions import Intervention
 from reach_lens.records import candidate
 from reach_lens.tasks import Question, Task
 
@@ -70,17 +71,19 @@ def _requests(model: Model, task: Task, questions: Sequence[Question], fmt: str,
     return [Request(p, budget, stop_strings=stops, **fields) for p in prompt_ids(model, task, questions, fmt)]
 
 
-def deploy(model: Model, task: Task, questions: Sequence[Question], fmt: str, hooks: Hooks = (),
-           batch_size: int = 16, keep_hidden: bool = False) -> list[dict]:
+def deploy(model: Model, task: Task, questions: Sequence[Question], fmt: str,
+           interventions: Sequence[Intervention] = (), batch_size: int = 16, keep_hidden: bool = False) -> list[dict]:
     """Greedy decoding along the full path: one candidate per question."""
     engine = _engine(model)
     requests = _requests(model, task, questions, fmt, keep_hidden=keep_hidden)
-    gens = _naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size), questions)
+    gens = _naming_questions(lambda: engine.generate(requests, interventions=interventions, batch_size=batch_size),
+                             questions)
     return [candidate(task, q, g, keep_hidden) for q, g in zip(questions, gens)]
 
 
 def sample(model: Model, task: Task, questions: Sequence[Question], fmt: str, K: int, temperature: float,
-           seed: int, hooks: Hooks = (), batch_size: int = 16, keep_hidden: bool = False) -> list[list[dict]]:
+           seed: int, interventions: Sequence[Intervention] = (), batch_size: int = 16,
+           keep_hidden: bool = False) -> list[list[dict]]:
     """``K`` samples per question at ``temperature`` (> 0); ``result[i][k]`` is sample k of question i."""
     if K < 1:
         raise ValueError(f"K {K} out of range: expected >= 1 samples per question")
@@ -92,14 +95,14 @@ def sample(model: Model, task: Task, questions: Sequence[Question], fmt: str, K:
     requests = [Request(p, budget, temperature=temperature, seed=row_seed(question_seed(seed, q.id), k),
                         stop_strings=stops, keep_hidden=keep_hidden)
                 for q, p in zip(questions, prompts) for k in range(K)]
-    gens = _naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size),
+    gens = _naming_questions(lambda: engine.generate(requests, interventions=interventions, batch_size=batch_size),
                              [q for q in questions for _ in range(K)])
     return [[candidate(task, q, g, keep_hidden) for g in gens[i * K:(i + 1) * K]] for i, q in enumerate(questions)]
 
 
 def route(model: Model, task: Task, questions: Sequence[Question], fmt: str,
-          routes: Sequence[Sequence[Sequence[int]]], hooks: Hooks = (), batch_size: int = 16,
-          keep_hidden: bool = False) -> list[list[dict]]:
+          routes: Sequence[Sequence[Sequence[int]]], interventions: Sequence[Intervention] = (),
+          batch_size: int = 16, keep_hidden: bool = False) -> list[list[dict]]:
     """Greedy decoding under layer routes: ``routes[i]`` are question i's routes (layer lists; repeats and
     skips allowed), ``result[i][j]`` the candidate of question i under ``routes[i][j]`` (its ``route`` key
     says which). Rows of every question and route share decode batches and prompt prefixes."""
@@ -110,16 +113,17 @@ def route(model: Model, task: Task, questions: Sequence[Question], fmt: str,
     budget, stops = task.max_new_tokens(fmt), task.stop_strings(fmt)
     requests = [Request(p, budget, route=tuple(r), stop_strings=stops, keep_hidden=keep_hidden)
                 for p, rs in zip(prompts, routes) for r in rs]
-    gens = iter(_naming_questions(lambda: engine.generate(requests, hooks=hooks, batch_size=batch_size),
-                                  [q for q, rs in zip(questions, routes) for _ in rs]))
+    gens = iter(_naming_questions(
+        lambda: engine.generate(requests, interventions=interventions, batch_size=batch_size),
+        [q for q, rs in zip(questions, routes) for _ in rs]))
     return [[candidate(task, q, next(gens), keep_hidden) for _ in rs] for q, rs in zip(questions, routes)]
 
 
 RECOGNITION_KEYS = ("question_id", "gold_index", "loglik", "norm_loglik", "pred_sum", "pred_norm", "gold_rank")
 
 
-def recognize(model: Model, task: Task, questions: Sequence[Question], hooks: Hooks = (), batch_size: int = 32,
-              norm: str = "tokens") -> list[dict]:
+def recognize(model: Model, task: Task, questions: Sequence[Question], interventions: Sequence[Intervention] = (),
+              batch_size: int = 32, norm: str = "tokens") -> list[dict]:
     """Multiple-choice recognition by option log-likelihood, one dict per question (``RECOGNITION_KEYS``).
 
     For each option, ``task.recognition_items`` gives (context, continuation); context and continuation are
@@ -151,7 +155,7 @@ def recognize(model: Model, task: Task, questions: Sequence[Question], hooks: Ho
             requests.append(LoglikRequest(context_ids, cont_ids))
             owners.append(i)
             divisors.append(len(cont_ids) if norm == "tokens" else len(continuation.removeprefix(" ")))
-    logliks = _naming_questions(lambda: engine.loglik(requests, hooks=hooks, batch_size=batch_size),
+    logliks = _naming_questions(lambda: engine.loglik(requests, interventions=interventions, batch_size=batch_size),
                                 [questions[i] for i in owners])
     per_question: list[list[float]] = [[] for _ in questions]
     per_question_norm: list[list[float]] = [[] for _ in questions]

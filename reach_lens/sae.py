@@ -5,13 +5,13 @@ rank its latents along a direction. Needs the optional extra: ``pip install -e "
     sae = load_sae("saes/smollm2-l20-mlp_out")            # a SAELens directory: cfg.json, sae_weights.safetensors
     sae_model = attach(model, sae, use_error_term=True)   # a HookedSAETransformer, sharing model's weights
     top = top_latents_along(sae, v, k=32)                 # latents whose decoder rows point most along v
-    hooks = Latents(sae.cfg.metadata.hook_name, top).hooks(sae_model)   # silence them
-    rows = probes.deploy(sae_model, task, questions, "native", hooks=hooks)
+    silenced = Latents(sae.cfg.metadata.hook_name, top)   # silence them
+    rows = probes.deploy(sae_model, task, questions, "native", interventions=[silenced])
 
 A ``HookedSAETransformer`` is a ``HookedTransformer``: every probe runs on it unchanged, and the generation
 engine runs the attached SAEs (SAELens splices each one in as a module at its hook point, which the engine's
 blocks call). ``use_error_term=True`` makes an SAE the identity on what flows on, except for interventions on
-its latents (``reach_lens.hooks.Latents``). The engine refuses what its cached, block-by-block forward cannot
+its latents (``reach_lens.interventions.Latents``). The engine refuses what its cached, block-by-block forward cannot
 reproduce: SAEs attached with ``exclude_special_tokens`` and temporal SAEs.
 
 With an SAE attached at a hook point, that name is the SAE's module, no longer a hook point: TransformerLens
@@ -32,7 +32,8 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import through_saes, unit_output_mass
+from reach_lens.hooks import through_saes
+from reach_lens.unit_selection import unit_output_mass
 
 try:
     from sae_lens import SAE, HookedSAETransformer
@@ -194,9 +195,9 @@ def decoder_directions(sae: SAE) -> Float[Tensor, "d_sae d_out"]:
 
 def top_latents_along(sae: SAE, v: Float[Tensor, "d_out"], k: int = 32) -> list[int]:
     """The k latents whose decoder rows point most along v: ``decoder_directions(sae)[i] · v/|v|``, descending
-    (ties by id): the SAE analogue of ``hooks.top_units_along``. Signed: SAE latents are non-negative, so a top
-    latent, when active, writes +v (``top_latents_along(sae, -v)`` for the reverse direction). Random controls:
-    ``hooks.random_units(sae.cfg.d_sae, k, seed, exclude=top)``."""
+    (ties by id): the SAE analogue of ``unit_selection.top_units_along``. Signed: SAE latents are non-negative, so
+    a top latent, when active, writes +v (``top_latents_along(sae, -v)`` for the reverse direction). Random
+    controls: ``unit_selection.random_units(sae.cfg.d_sae, k, seed, exclude=top)``."""
     W = decoder_directions(sae)
     if v.shape != (W.shape[1],) or not v.any() or not 0 < k <= W.shape[0]:
         raise ValueError(f"v of shape {tuple(v.shape)} (norm {float(v.norm()):.3g}) and k={k}; expected a non-zero "
@@ -208,8 +209,8 @@ def top_latents_along(sae: SAE, v: Float[Tensor, "d_out"], k: int = 32) -> list[
 def latent_output_mass(acts: Float[Tensor, "*batch d_sae"], sae: SAE, latents: Iterable[int]) -> float:
     """Share of the SAE decoder's output mass carried by ``latents``, in [0, 1]: latent i writes
     ``a_i · decoder_directions(sae)[i]``, its mass is that vector's norm, summed over the leading entries of
-    ``acts`` (recorded at ``latent_hook(sae)``). Shares of disjoint latent sets add up (``hooks.unit_output_mass``
-    over the decoder)."""
+    ``acts`` (recorded at ``latent_hook(sae)``). Shares of disjoint latent sets add up
+    (``unit_selection.unit_output_mass`` over the decoder)."""
     d_sae = sae.cfg.d_sae
     latents = list(latents)
     if acts.shape[-1] != d_sae:

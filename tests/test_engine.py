@@ -1,5 +1,6 @@
 """The generation engine against independent references on tiny random models: an uncached forward (full path),
-a plain uncached block loop (routes), and each request run alone."""
+a plain uncached block loop (routes), and each request run alone. Interventions go to the engine, which builds
+their hooks; raw hooks (``HOOKS``) are registered on the model by hand around the call, as a user would."""
 import pytest
 import torch
 from conftest import make_tiny_model
@@ -11,12 +12,13 @@ from reach_lens.generate.attention import output_weight
 from reach_lens.generate.loop import embed, schedule
 from reach_lens.generate import prefill
 from reach_lens.generate.prefill import padded_batches
-from reach_lens.hooks import Silence, Steer, Units, hooks_for
+from reach_lens.interventions import Silence, Steer, Units, hooks_for
 
 
 def reference(model: HookedTransformer, prompt, n, route=None, hooks=(), stop=None):
-    """Greedy tokens by uncached forwards (``model(...)`` for the full path, a plain block loop for a route),
-    with each step's log-prob and entropy, and the last residual entering ln_final."""
+    """Greedy tokens by uncached forwards (``model(...)`` for the full path, a plain block loop for a route) under
+    ``hooks`` (raw hooks, or ``hooks_for(interventions, model)``: positions from each forward), with each step's
+    log-prob and entropy, and the last residual entering ln_final."""
     tokens, logprobs, entropies, hidden = list(prompt), [], [], None
     with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
         for _ in range(n):
@@ -77,7 +79,8 @@ def test_greedy_equals_uncached_reference_for_routes_in_mixed_batches(which, hoo
     prompts = random_prompts([3, 17, 6, 30])
     reqs = [greedy(p, 7, r, keep_hidden=True) for p in prompts for r in ROUTES]
     # batch_size 3: rows of several prompts and routes share a batch, end, and are refilled
-    gens = TransformerLensEngine(m).generate(reqs, hooks=HOOKS[hooks], batch_size=3)
+    with m.hooks(fwd_hooks=HOOKS[hooks]):
+        gens = TransformerLensEngine(m).generate(reqs, batch_size=3)
     assert len({len(r.prompt) for r in reqs}) > 1
     for req, gen in zip(reqs, gens):
         tokens, logprobs, entropies, hidden = reference(m, req.prompt, 7, req.route, HOOKS[hooks])
@@ -106,9 +109,10 @@ def test_prefix_sharing_changes_nothing_and_a_weight_edit_invalidates_it():
     engine = TransformerLensEngine(m)
     alone = TransformerLensEngine(m, share_prefixes=False)
     for hooks in HOOKS.values():
-        first = engine.generate(reqs, hooks=hooks)
-        again = engine.generate(reqs, hooks=hooks)  # served from the clean-prefix cache
-        reference_gens = alone.generate(reqs, hooks=hooks)
+        with m.hooks(fwd_hooks=hooks):
+            first = engine.generate(reqs)
+            again = engine.generate(reqs)  # served from the clean-prefix cache
+            reference_gens = alone.generate(reqs)
         assert [g.tokens for g in first] == [g.tokens for g in again] == [g.tokens for g in reference_gens]
         for a, b in zip(again, reference_gens):
             assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-5)
@@ -127,7 +131,8 @@ def test_prompts_sharing_first_tokens_compute_them_once_and_equal_the_reference(
     prompts = [shots + tail for tail in random_prompts([3, 9, 1], seed=8)]
     reqs = [greedy(p, 6, r) for p in prompts for r in (None, (0, 1, 2, 3), (0, 1, 1, 2, 3), (0, 2, 3), (1, 3))]
     engine = TransformerLensEngine(m)
-    gens = engine.generate(reqs, hooks=HOOKS[hooks], batch_size=4)
+    with m.hooks(fwd_hooks=HOOKS[hooks]):
+        gens = engine.generate(reqs, batch_size=4)
     for req, gen in zip(reqs, gens):
         tokens, logprobs, _, _ = reference(m, req.prompt, 6, req.route, HOOKS[hooks])
         assert gen.tokens == tokens, (req.prompt, req.route)
@@ -143,7 +148,8 @@ def test_prompts_sharing_first_tokens_compute_them_once_and_equal_the_reference(
     block = m.blocks[0]  # watched by wrapping forward, not by a hook (a hook would make the block unclean)
     monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
         widths.append(resid.shape[1]), forward(resid, *a, **k))[1])
-    gen = engine.generate([greedy(new_prompt, 4)], hooks=HOOKS[hooks])[0]
+    with m.hooks(fwd_hooks=HOOKS[hooks]):
+        gen = engine.generate([greedy(new_prompt, 4)])[0]
     monkeypatch.undo()
     assert widths[0] == 4 and max(widths) == 4
     assert gen.tokens == reference(m, new_prompt, 4, hooks=HOOKS[hooks])[0]
@@ -162,17 +168,19 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
     prompts = [shots + tail for tail in tails]
     v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(2))
     zero_unmarked = [("blocks.2.hook_mlp_out", lambda a, hook: torch.zeros_like(a))]
-    cases = {"none": ([], True), "silence": (Silence(2, "mlp").hooks(m), True),
-             "steer+units": (Steer(2, v, 4.0).hooks(m) + Units(3, [1, 5], mode="scale", factor=3.0).hooks(m), True),
-             "unmarked": (zero_unmarked, False),
-             "positioned": (Steer(2, v, 4.0, positions=(22,)).hooks(m), False)}
-    for name, (hooks, shared) in cases.items():
+    cases = {"none": ([], [], True), "silence": ([Silence(2, "mlp")], [], True),
+             "steer+units": ([Steer(2, v, 4.0), Units(3, [1, 5], mode="scale", factor=3.0)], [], True),
+             "unmarked": ([], zero_unmarked, False),
+             "positioned": ([Steer(2, v, 4.0, positions=(22,))], [], False)}
+    for name, (ivs, by_hand, shared) in cases.items():
         widths = []
         block = m.blocks[2]
         monkeypatch.setattr(block, "forward", lambda resid, *a, forward=block.forward, **k: (
             widths.append(tuple(resid.shape[:2])), forward(resid, *a, **k))[1])
-        gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], hooks=hooks, batch_size=3)
+        with m.hooks(fwd_hooks=by_hand):
+            gens = TransformerLensEngine(m).generate([greedy(p, 5) for p in prompts], interventions=ivs, batch_size=3)
         monkeypatch.undo()
+        hooks = hooks_for(ivs, m) + by_hand
         prefills = [w for w in widths if w[1] > 1]  # decode steps run one token per row
         if shared:  # the shots, then the own tokens of the 9- and 8-token tails padded to 9, then the 3-token tail
             assert prefills == [(1, len(shots)), (2, 9), (1, 3)], name  # (3 tokens padded to 9: too much padding)
@@ -244,7 +252,8 @@ def test_long_prompts_after_long_shots_hold_the_shots_once_and_equal_the_referen
 
     routes = (None, (0, 1, 1, 2, 3), (0, 2, 3), (0, 1, 2, 3, 3))
     reqs = [greedy(p, 5, r) for p in prompts[:4] for r in routes]
-    hooked = engine.generate(reqs, hooks=HOOKS["mlp1"], batch_size=5)
+    with m.hooks(fwd_hooks=HOOKS["mlp1"]):
+        hooked = engine.generate(reqs, batch_size=5)
     for req, gen in zip(reqs, hooked):
         tokens, logprobs, _, _ = reference(m, req.prompt, 5, req.route, HOOKS["mlp1"])
         assert gen.tokens == tokens, (len(req.prompt), req.route)
@@ -272,23 +281,22 @@ def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alon
     interventions = {
         # prefill positions, counted from each prompt's end, and decode positions beyond the shortest prompts
         "steer_last_prompt": [Steer(2, tuple(v.tolist()), 10.0, positions=(-1,))],
-        "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, hook="resid_pre", positions=(6, 9, 21))],
+        "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(6, 9, 21))],
         "silence_mean": [Silence(2, "mlp", mode="mean", mean=tuple(map(tuple, mean.tolist())))],
     }
     engine = engine_for(model)
     for name, ivs in interventions.items():
-        hooks = hooks_for(ivs, model)
-        batched = engine.generate([greedy(p, 8) for p in prompts], hooks=hooks, batch_size=4)
+        batched = engine.generate([greedy(p, 8) for p in prompts], interventions=ivs, batch_size=4)
         plain = engine.generate([greedy(p, 8) for p in prompts], batch_size=4)
         moved = max(abs(a - b) for g, h in zip(batched, plain) for a, b in zip(g.token_logprobs, h.token_logprobs))
         assert moved > 1e-2, name  # the intervention acts
         for p, gen in zip(prompts, batched):
-            single = engine.generate([greedy(p, 8)], hooks=hooks_for(ivs, model), batch_size=1)[0]
+            single = engine.generate([greedy(p, 8)], interventions=ivs, batch_size=1)[0]
             assert gen.tokens == single.tokens, (name, len(p))
             assert gen.token_logprobs == pytest.approx(single.token_logprobs, abs=1e-4)
     # and absolute positions equal an uncached forward's (each forward there is a fresh prompt: positions >= 0)
     ivs = [Steer(1, tuple(v.tolist()), 4.0, positions=(2, 5))]
-    for p, gen in zip(prompts, engine.generate([greedy(p, 6) for p in prompts], hooks=hooks_for(ivs, model))):
+    for p, gen in zip(prompts, engine.generate([greedy(p, 6) for p in prompts], interventions=ivs)):
         assert gen.tokens == reference(model, p, 6, hooks=hooks_for(ivs, model))[0]
 
 
@@ -300,20 +308,19 @@ def test_positioned_interventions_under_routes_whose_prefixes_are_prefilled_toge
     v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2))
     engine = engine_for(model)
     for ivs in ([Steer(2, tuple(v.tolist()), 10.0, positions=(-1, 1))],
-                [Steer(1, tuple(v.tolist()), 10.0, hook="resid_pre", positions=(3, 15))]):
-        hooks = hooks_for(ivs, model)
-        gens = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], hooks=hooks, batch_size=8)
+                [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(3, 15))]):
+        gens = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], interventions=ivs, batch_size=8)
         plain = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], batch_size=8)
         assert any(g.tokens != h.tokens or abs(g.token_logprobs[0] - h.token_logprobs[0]) > 1e-2
                    for g, h in zip(gens, plain))  # the intervention acts
         for (p, r), gen in zip([(p, r) for p in prompts for r in routes], gens):
-            single = engine.generate([greedy(p, 6, r)], hooks=hooks_for(ivs, model), batch_size=1)[0]
+            single = engine.generate([greedy(p, 6, r)], interventions=ivs, batch_size=1)[0]
             assert gen.tokens == single.tokens, (len(p), r)
             assert gen.token_logprobs == pytest.approx(single.token_logprobs, abs=1e-4)
     # absolute prefill positions equal the plain block loop's (a fresh prompt every step: positions >= 0)
     ivs = [Steer(1, tuple(v.tolist()), 4.0, positions=(2, 4))]
     for r in routes:
-        gen = engine.generate([greedy(prompts[1], 5, r)], hooks=hooks_for(ivs, model))[0]
+        gen = engine.generate([greedy(prompts[1], 5, r)], interventions=ivs)[0]
         assert gen.tokens == reference(model, prompts[1], 5, r, hooks=hooks_for(ivs, model))[0], r
 
 
@@ -379,16 +386,16 @@ def test_hooks_see_one_position_per_decode_step_and_are_removed(model):
         shapes.append(tuple(act.shape[:2]))
         return act
 
-    engine_for(model).generate([greedy(p, 3) for p in prompts], hooks=[("blocks.0.hook_resid_pre", record)])
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
+        engine_for(model).generate([greedy(p, 3) for p in prompts])
     assert shapes[:2] == [(1, 13), (1, 6)]  # each prompt prefilled alone, the longest first
     assert shapes[2:] == [(2, 1), (2, 1)]  # then one position per decode step for both rows
-    assert not model.hook_dict["blocks.0.hook_resid_pre"].fwd_hooks
 
-    def boom(act, hook):
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        engine_for(model).generate([greedy(prompts[0], 2)], hooks=[("blocks.3.hook_mlp_out", boom)])
+    engine_for(model).generate([greedy(p, 3) for p in prompts], interventions=[Silence(3, "mlp")])
+    assert not model.hook_dict["blocks.3.hook_mlp_out"].fwd_hooks  # the engine's hooks are gone after the call
+    v = tuple(torch.randn(model.cfg.d_model).tolist())
+    with pytest.raises(ValueError, match="position -9 is before the start"):  # raised by a hook, inside a forward
+        engine_for(model).generate([greedy(prompts[0], 2)], interventions=[Steer(3, v, 1.0, positions=(-9,))])
     assert all("forward" not in block.attn.__dict__ for block in model.blocks)
     assert not model.hook_dict["blocks.3.hook_mlp_out"].fwd_hooks
 
@@ -401,7 +408,8 @@ def test_attention_pattern_hooks_see_the_uncached_values(model):
         seen.append(act[0, :, -1].clone())
         return act
 
-    gen = engine_for(model).generate([greedy(prompt, 3)], hooks=[("blocks.2.attn.hook_pattern", record)])[0]
+    with model.hooks(fwd_hooks=[("blocks.2.attn.hook_pattern", record)]):
+        gen = engine_for(model).generate([greedy(prompt, 3)])[0]
     full = list(prompt) + gen.tokens
     for step in range(3):
         _, cache = model.run_with_cache(torch.tensor([full[: len(prompt) + step]]))
@@ -420,8 +428,9 @@ def test_first_hooked_layer(model):
 def test_non_finite_activations_raise_naming_the_request(model):
     nan = [("blocks.2.hook_resid_post", lambda a, hook: a * float("nan"))]
     nan_on_long = [("blocks.2.hook_resid_post", lambda a, hook: a * float("nan") if a.shape[1] == 4 else a)]
-    with pytest.raises(NonFiniteLogits, match=r"request 1 \(prompt of 4 tokens\) at generated token 0.*hook"):
-        engine_for(model).generate([greedy((1, 2), 2), greedy((1, 2, 3, 4), 2)], hooks=nan_on_long, batch_size=1)
+    with pytest.raises(NonFiniteLogits, match=r"request 1 \(prompt of 4 tokens\) at generated token 0.*hook"), \
+            model.hooks(fwd_hooks=nan_on_long):
+        engine_for(model).generate([greedy((1, 2), 2), greedy((1, 2, 3, 4), 2)], batch_size=1)
 
     late = {"calls": 0}
 
@@ -429,10 +438,11 @@ def test_non_finite_activations_raise_naming_the_request(model):
         late["calls"] += 1
         return act * float("nan") if act.shape[1] == 1 else act
 
-    with pytest.raises(NonFiniteLogits, match="at generated token 1"):
-        engine_for(model).generate([greedy((1, 2, 3), 4)], hooks=[("blocks.0.hook_mlp_out", nan_at_decode)])
-    with pytest.raises(NonFiniteLogits, match="loglik request 0"):
-        engine_for(model).loglik([LoglikRequest((1, 2), (3, 4))], hooks=nan)
+    with pytest.raises(NonFiniteLogits, match="at generated token 1"), \
+            model.hooks(fwd_hooks=[("blocks.0.hook_mlp_out", nan_at_decode)]):
+        engine_for(model).generate([greedy((1, 2, 3), 4)])
+    with pytest.raises(NonFiniteLogits, match="loglik request 0"), model.hooks(fwd_hooks=nan):
+        engine_for(model).loglik([LoglikRequest((1, 2), (3, 4))])
 
 
 def test_loglik_equals_an_unbatched_forward(model):
@@ -456,15 +466,18 @@ def test_loglik_shares_each_context_and_equals_padded_sequences(which, request, 
     conts = random_prompts([1, 4, 2, 3, 1, 5], seed=5)
     reqs = [LoglikRequest(contexts[k % 3], cont) for k, cont in enumerate(conts)] + [LoglikRequest(contexts[0], conts[2])]
     v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(3))
-    cases = {"none": ([], True), "positionwise": (Steer(1, v, 3.0).hooks(m), True),
-             "unmarked": ([("blocks.1.hook_mlp_out", lambda a, hook: a + 3.0 * v)], False)}
-    for name, (hooks, shared) in cases.items():
+    cases = {"none": ([], [], True), "positionwise": ([Steer(1, v, 3.0)], [], True),
+             "unmarked": ([], [("blocks.1.hook_mlp_out", lambda a, hook: a + 3.0 * v)], False),
+             "positioned": ([Steer(1, v, 3.0, positions=(1, 3))], [], False)}
+    for name, (ivs, by_hand, shared) in cases.items():
         widths = []
         embed = m.embed
         monkeypatch.setattr(embed, "forward", lambda tokens, forward=embed.forward: (
             widths.append(tuple(tokens.shape)), forward(tokens))[1])
-        scores = TransformerLensEngine(m).loglik(reqs, hooks=hooks, batch_size=4)
+        with m.hooks(fwd_hooks=by_hand):
+            scores = TransformerLensEngine(m).loglik(reqs, interventions=ivs, batch_size=4)
         monkeypatch.undo()
+        hooks = hooks_for(ivs, m) + by_hand
         if shared and which == "model":  # each context, then its continuations: contexts of 11 and 7 tokens pad
             # well together but hold 2 + 3 > batch_size requests, so they run apart; the 3-token one pads badly
             assert widths == [(1, 11), (2, 5), (1, 7), (3, 3), (1, 3), (2, 4)], name
@@ -508,11 +521,11 @@ def test_an_engine_without_a_capability_refuses_requests_that_need_it():
         def describe(self):
             return {"model": "fixed", "weights": "0", "device": "cpu", "dtype": "float32"}
 
-        def generate(self, requests, hooks=(), batch_size=16):
-            self.check(requests, hooks)
+        def generate(self, requests, interventions=(), batch_size=16):
+            self.check(requests, interventions)
             return []
 
-        def loglik(self, requests, hooks=(), batch_size=32):
+        def loglik(self, requests, interventions=(), batch_size=32):
             return []
 
     engine = SamplingOnly()
@@ -520,7 +533,7 @@ def test_an_engine_without_a_capability_refuses_requests_that_need_it():
     with pytest.raises(EngineCapabilityError, match="request 1 has route"):
         engine.generate([greedy((1,), 2), greedy((1,), 2, route=(0, 1))])
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        engine.generate([greedy((1,), 2)], hooks=HOOKS["mlp1"])
+        engine.generate([greedy((1,), 2)], interventions=[Silence(1, "mlp")])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
         engine.generate([greedy((1,), 2, keep_hidden=True)])
 
@@ -552,13 +565,12 @@ def test_positioned_hooks_ignore_idle_slots(model):
     """A row that ends early leaves an idle slot (no prompt): positions counted from a prompt's end must not be
     resolved against it."""
     v = tuple(torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2)).tolist())
-    hooks = hooks_for([Steer(2, v, 10.0, positions=(-1, -3))], model)
+    ivs = [Steer(2, v, 10.0, positions=(-1, -3))]
     prompts = random_prompts([5, 9, 4])
     requests = [Request(p, n, stop_token_ids=()) for p, n in zip(prompts, (1, 8, 6))]
-    together = engine_for(model).generate(requests, hooks=hooks, batch_size=3)
+    together = engine_for(model).generate(requests, interventions=ivs, batch_size=3)
     for r, gen in zip(requests, together):
-        assert gen.tokens == engine_for(model).generate([r], hooks=hooks_for([Steer(2, v, 10.0, positions=(-1, -3))],
-                                                                              model))[0].tokens
+        assert gen.tokens == engine_for(model).generate([r], interventions=ivs)[0].tokens
 
 
 @pytest.mark.parametrize("variant", [dict(use_qk_norm=True), dict(rotary_dim=4), dict(attn_scores_soft_cap=5.0)])

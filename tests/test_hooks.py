@@ -1,4 +1,5 @@
-"""Hook factories and interventions on tiny random models: silencing, steering, units, serialization."""
+"""Hook factories and interventions on tiny random models: silencing, steering, units, serialization, and the
+positions hooks read from the engine's PositionSource."""
 import json
 
 import pytest
@@ -7,17 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformer_lens import TransformerLensKeyValueCache
 
-from reach_lens.hooks import (
-    Route,
-    Silence,
-    Steer,
-    Units,
-    hooks_for,
-    intervention_from_dict,
-    random_units,
-    top_units_along,
-    unit_output_mass,
-)
+from reach_lens.interventions import Latents, Route, Silence, Steer, Units, Vector, hooks_for, intervention_from_dict
+from reach_lens.positions import PositionSource
+from reach_lens.unit_selection import random_units, top_units_along, unit_output_mass
 from conftest import make_tiny_model
 
 P = 6  # prompt length
@@ -246,8 +239,8 @@ def test_keeping_all_units_changes_nothing(model, tokens):
 def test_unit_modes_act_on_the_chosen_units(model, tokens):
     seen = {}
     units = (0, 7, 63)
-    for mode, scale in (("keep", 0.0), ("zero", 0.0), ("scale", 3.0), ("clean", None)):
-        ivs = [] if mode == "clean" else [Units(1, units, mode, scale)]
+    for mode, factor in (("keep", None), ("zero", None), ("scale", 3.0), ("clean", None)):
+        ivs = [] if mode == "clean" else [Units(1, units, mode, factor)]
         record = ("blocks.1.mlp.hook_post", lambda a, hook, mode=mode: seen.setdefault(mode, a.clone()))
         with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(ivs, model) + [record]):
             model(tokens)
@@ -324,17 +317,22 @@ def test_hooks_never_leak(model, tokens):
 floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
 vectors = st.lists(floats, min_size=1, max_size=6).map(tuple)
 interventions = st.one_of(
-    st.builds(Silence, component=st.sampled_from(["mlp", "attn", "layer"]), layer=st.integers(0, 80)),
-    st.builds(Silence, component=st.sampled_from(["mlp", "attn"]), layer=st.integers(0, 80), mode=st.just("mean"),
+    st.builds(Silence, site=st.sampled_from(["mlp", "attn", "layer"]), layer=st.integers(0, 80)),
+    st.builds(Silence, site=st.sampled_from(["mlp", "attn"]), layer=st.integers(0, 80), mode=st.just("mean"),
               mean=st.one_of(vectors, st.lists(st.lists(floats, min_size=3, max_size=3).map(tuple),
                                                min_size=1, max_size=4).map(tuple))),
     st.builds(Steer, layer=st.integers(0, 80), v=vectors, alpha=floats,
-              hook=st.sampled_from(["mlp_out", "attn_out", "resid_pre", "resid_post"]),
+              site=st.sampled_from(["mlp_out", "attn_out", "resid_pre", "resid_post"]),
               positions=st.one_of(st.none(), st.lists(st.integers(-100, 100), min_size=1, max_size=4).map(tuple))),
     st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
               mode=st.sampled_from(["keep", "zero"])),
     st.builds(Units, layer=st.integers(0, 80), units=st.lists(st.integers(0, 5000), max_size=8).map(tuple),
               mode=st.just("scale"), factor=floats),
+    st.builds(Latents, site=st.sampled_from(["blocks.0.hook_mlp_out", "blocks.3.hook_resid_pre"]),
+              latent_ids=st.lists(st.integers(0, 5000), min_size=1, max_size=8).map(tuple), mode=st.just("zero")),
+    st.builds(Latents, site=st.just("blocks.1.hook_mlp_out"),
+              latent_ids=st.lists(st.integers(0, 5000), min_size=1, max_size=8).map(tuple), mode=st.just("scale"),
+              factor=floats),
     st.builds(Route, path=st.lists(st.integers(0, 80), min_size=1, max_size=10).map(tuple)),
 )
 
@@ -347,7 +345,6 @@ def test_interventions_round_trip(iv):
 
 
 def test_to_dict_is_plain_json_with_vectors_by_content_hash(tmp_path):
-    from reach_lens.hooks import Vector
     from reach_lens.protocol import Protocol, question_set_hash
     from reach_lens.store import RunStore
     from reach_lens.tasks import Question
@@ -356,13 +353,17 @@ def test_to_dict_is_plain_json_with_vectors_by_content_hash(tmp_path):
     steer = Steer(1, v, 2.0, positions=(-1,))
     sha = Vector.of(v).sha256
     assert steer.to_dict() == {"kind": "steer", "layer": 1, "v": {"sha256": sha, "shape": [2]}, "alpha": 2.0,
-                               "hook": "mlp_out", "positions": [-1]}
+                               "site": "mlp_out", "positions": [-1]}
     assert steer == Steer(1, (0.5, -1.0), 2.0, positions=(-1,)) == Steer(1, v.double().numpy(), 2.0, positions=(-1,))
     assert Steer(1, v + 1e-6, 2.0, positions=(-1,)) != steer  # another vector, another hash
     mean = Silence(0, "mlp", "mean", mean=torch.ones(2, 3))
     assert mean.to_dict()["mean"] == {"sha256": Vector.of(torch.ones(2, 3)).sha256, "shape": [2, 3]}
     assert Units(3, (4, 1), "scale", 0.5).to_dict() == {"kind": "units", "layer": 3, "units": [4, 1], "mode": "scale",
                                                         "factor": 0.5}
+    assert Units(3, (4,), "zero").to_dict()["factor"] is None
+    assert Silence(2, "attn").to_dict() == {"kind": "silence", "layer": 2, "site": "attn", "mode": "zero", "mean": None}
+    assert Latents("blocks.1.hook_mlp_out", (7,)).to_dict() == {"kind": "latents", "site": "blocks.1.hook_mlp_out",
+                                                               "latent_ids": [7], "mode": "zero", "factor": None}
     assert Route((0, 2)).to_dict() == {"kind": "route", "path": [0, 2]}
     with pytest.raises(ValueError, match=f"steer.v is recorded by its hash sha256={sha}: pass vectors="):
         intervention_from_dict(steer.to_dict())
@@ -377,33 +378,51 @@ def test_to_dict_is_plain_json_with_vectors_by_content_hash(tmp_path):
     assert intervention_from_dict({**steer.to_dict(), "v": [0.5, -1.0]}) == steer  # records of plain lists still read
 
 
-def test_old_spellings_are_refused_naming_the_new_one():
-    from reach_lens.hooks import Latents
+def test_scale_modes_require_a_factor_and_the_others_refuse_one():
+    with pytest.raises(ValueError, match="Units: mode 'scale' needs a number factor .* got None"):
+        Units(2, (1,), "scale")
+    with pytest.raises(ValueError, match="Latents: mode 'scale' needs a number factor .* got None"):
+        Latents("blocks.1.hook_mlp_out", (1,), "scale")
+    with pytest.raises(ValueError, match="Units: factor=0.0 is only used with mode 'scale', not 'keep'"):
+        Units(2, (1,), "keep", 0.0)
+    with pytest.raises(ValueError, match="Latents: factor=2.0 is only used with mode 'scale', not 'zero'"):
+        Latents("blocks.1.hook_mlp_out", (1,), "zero", 2.0)
+    with pytest.raises(ValueError, match="mode 'scale' needs a number factor"):
+        intervention_from_dict({"kind": "units", "layer": 1, "units": [1], "mode": "scale", "factor": None})
+    assert Units(2, (1,), "scale", 0.0).factor == 0.0  # zeroing by scale, when asked for explicitly
 
-    with pytest.raises(TypeError, match=r"Silence\('mlp', \.\.\.\): the layer comes first now, e\.g\. Silence\(20, 'mlp'\)"):
-        Silence("mlp", 20)
-    with pytest.raises(TypeError, match="the layer comes first"):
-        Steer("mlp_out", 3, 1.0)
-    with pytest.raises(TypeError, match=r"Units\(scale=\.\.\.\) is now Units\(factor=\.\.\.\)"):
-        Units(2, (1,), "scale", scale=2.0)
-    with pytest.raises(ValueError, match="Latents mode 'silence' is now 'zero'"):
-        Latents("blocks.1.hook_mlp_out", (1,), "silence")
-    with pytest.raises(ValueError, match="Latents mode 'steer' is now 'scale"):
-        Latents("blocks.1.hook_mlp_out", (1,), "steer", 2.0)
-    with pytest.raises(TypeError, match=r"Latents\(alpha=\.\.\.\) is now Latents\(mode='scale', factor=\.\.\.\)"):
-        Latents("blocks.1.hook_mlp_out", (1,), alpha=2.0)
-    with pytest.raises(ValueError, match="'scale' is now 'factor'"):
-        intervention_from_dict({"kind": "units", "layer": 1, "units": [1], "mode": "scale", "scale": 2.0})
+
+def test_positioned_hooks_read_the_positions_declared_on_their_source(model, tokens):
+    """Built with a PositionSource, positioned hooks act at each row's declared positions: declared as the columns
+    of an uncached forward they act as the hooks built without one; a row declared with a shorter prompt counts
+    negative positions from its own end; nothing declared, they refuse to run."""
+    mean = as_tuple(torch.randn(P, model.cfg.d_model, generator=torch.Generator().manual_seed(5)))
+
+    def ivs(positions):
+        return [Steer(1, direction(model), 4.0, "resid_pre", positions), Silence(2, "attn", "mean", mean=mean)]
+
+    source = PositionSource()
+    columns = torch.arange(P).expand(3, P)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks_for(ivs((-1, 2)), model, source)):
+        with pytest.raises(RuntimeError, match="no row positions declared"):
+            model(tokens)
+        with source.declare(columns, torch.full((3,), P)):
+            as_columns = model(tokens)
+        with source.declare(columns, torch.tensor([P, P - 2, P])):
+            own_lengths = model(tokens)
+    assert torch.equal(as_columns, run(model, tokens, ivs((-1, 2))))
+    torch.testing.assert_close(own_lengths[1], run(model, tokens, ivs((P - 3, 2)))[1], atol=1e-6, rtol=0)
+    assert torch.equal(own_lengths[[0, 2]], as_columns[[0, 2]])
 
 
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda m: Silence(0, "ffn"), "unknown component 'ffn'"),
+        (lambda m: Silence(0, "ffn"), "unknown site 'ffn'"),
         (lambda m: Silence(4, "mlp").hooks(m), r"layer 4 out of range for a 4-layer model \(0..3\)"),
         (lambda m: Steer(-1, direction(m), 1.0).hooks(m), "layer -1 out of range"),
         (lambda m: Steer(0, (1.0, 2.0), 1.0).hooks(m), r"shape \(2,\); expected \(32,\)"),
-        (lambda m: Steer(0, direction(m), 1.0, "resid_mid"), "unknown hook 'resid_mid'"),
+        (lambda m: Steer(0, direction(m), 1.0, "resid_mid"), "unknown site 'resid_mid'"),
         (lambda m: Steer(0, direction(m), float("nan")), "non-finite"),
         (lambda m: Steer(0, direction(m), 1.0, positions=()).hooks(m), "positions is empty"),
         (lambda m: Units(0, (64,), "zero").hooks(m), r"unit 64 out of range for d_mlp=64 \(0..63\)"),
@@ -411,7 +430,8 @@ def test_old_spellings_are_refused_naming_the_new_one():
         (lambda m: Units(1, (1.5,)), r"units must be integers, got 1.5 \(float\)"),
         (lambda m: Units(1, (True,)), r"units must be integers, got True \(bool\)"),
         (lambda m: Units(0, (1,), "zero", factor=2.0), "factor=2.0 is only used with mode 'scale'"),
-        (lambda m: Silence(0, "layer", "mean", mean=(0.0,) * 32).hooks(m), "one component"),
+        (lambda m: Units(0, (1,), "scale"), "mode 'scale' needs a number factor"),
+        (lambda m: Silence(0, "layer", "mean", mean=(0.0,) * 32).hooks(m), "one site"),
         (lambda m: Silence(0, "mlp", "mean", mean=(0.0,) * 5).hooks(m), r"shape \(5,\)"),
         (lambda m: Silence(0, "mlp", "zero", mean=(0.0,) * 32).hooks(m), "takes no mean"),
         (lambda m: Route((0, 9)).hooks(m), "has layer 9, out of range"),

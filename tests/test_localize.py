@@ -9,7 +9,7 @@ from transformer_lens import HookedTransformer
 
 from conftest import tiny_config
 from reach_lens import localize
-from reach_lens.hooks import Route, Silence, Steer, hooks_for
+from reach_lens.interventions import Route, Silence, Steer, hooks_for
 from reach_lens.models import encode
 
 
@@ -45,10 +45,10 @@ def test_a_screen_for_a_pool_recognizes_only_the_generated_questions(monkeypatch
     correct = {"q0", "q2", "q3"}
     recognized_ids = []
 
-    def deploy(model, task, qs, fmt, hooks=(), batch_size=16):
+    def deploy(model, task, qs, fmt, interventions=(), batch_size=16):
         return [{"correct": q.id in correct, "answer": "A" if q.id in correct else "B", "text": "x"} for q in qs]
 
-    def recognize(model, task, qs, hooks=(), batch_size=16):
+    def recognize(model, task, qs, interventions=(), batch_size=16):
         recognized_ids.extend(q.id for q in qs)
         return [{"question_id": q.id, "pred_sum": 0 if q.id != "q3" else 1, "pred_norm": 0} for q in qs]
 
@@ -206,12 +206,12 @@ def test_planted_edit_lives_only_in_that_mlp(worded_model):
     assert changed == {"blocks.2.mlp.b_out"}
     before, after = worded_model(tokens)[0, -1], planted(tokens)[0, -1]
     assert (after[7] - after[4:7].mean()) > (before[7] - before[4:7].mean())  # pushes towards the target
-    with worded_model.hooks(fwd_hooks=Steer(2, tuple(push.tolist()), 4.0).hooks(worded_model)):
+    with worded_model.hooks(fwd_hooks=hooks_for([Steer(2, tuple(push.tolist()), 4.0)], worded_model)):
         steered = worded_model(tokens)[0, -1]
     assert torch.allclose(steered, after, atol=1e-4)  # the edit is steering at that MLP's output
-    with worded_model.hooks(fwd_hooks=Silence(2, "mlp").hooks(worded_model)):
+    with worded_model.hooks(fwd_hooks=hooks_for([Silence(2, "mlp")], worded_model)):
         base_silenced = worded_model(tokens)
-    with planted.hooks(fwd_hooks=Silence(2, "mlp").hooks(planted)):
+    with planted.hooks(fwd_hooks=hooks_for([Silence(2, "mlp")], planted)):
         planted_silenced = planted(tokens)
     assert torch.equal(base_silenced, planted_silenced)  # silencing the block removes the edit entirely
     with pytest.raises(ValueError, match="layer 9 out of range"):
@@ -223,7 +223,7 @@ def test_perturbed_activations_equal_full_forwards_under_each_intervention(worde
     perturbations = [Silence(1, "attn"), Silence(2, "mlp"), Silence(0, "mlp"), Silence(3, "attn")]
     clean, fast = localize.perturbed_last_activations(worded_model, prompts, 3, perturbations, batch_size=2)
     for p, got in zip(perturbations, fast):
-        full = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post", 2, p.hooks(worded_model))
+        full = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post", 2, [p])
         assert torch.allclose(got, full, atol=1e-5)
     one_by_one = torch.cat([localize.last_prompt_activations(worded_model, [p], "blocks.3.mlp.hook_post")
                             for p in prompts])  # no batching, no padding: prompt order

@@ -8,12 +8,12 @@ search, depths 12 and 20) give their intervals."""
 import pytest
 
 from reach_lens import localize
-from reach_lens.hooks import top_units_along
 from reach_lens.localize.controls import _chosen, _enough
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, subsample
 from reach_lens.generate import engine_for
+from reach_lens.unit_selection import top_units_along
 
 N = 200
 STRENGTH = {12: 2 ** 4.5}  # what plant_control's search picks on this pool (7 strengths tried); depth 20 (16.0) is

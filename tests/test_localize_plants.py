@@ -3,7 +3,8 @@ equal the edit, and that the unit plant gives steering and the top units a known
 import torch
 
 from reach_lens import localize
-from reach_lens.hooks import Silence, top_units_along
+from reach_lens.interventions import Silence, hooks_for
+from reach_lens.unit_selection import top_units_along
 
 
 def test_trigger_units_find_units_that_fire_together_on_part_of_the_pool():
@@ -23,7 +24,7 @@ def test_trigger_units_find_units_that_fire_together_on_part_of_the_pool():
     assert robust["units"] == [3, 11]
 
 
-def test_unit_plant_is_a_rank_one_edit_of_those_units_and_the_hooks_equal_it(tiny_model):
+def test_unit_plant_is_a_rank_one_edit_of_those_units_and_its_intervention_equals_it(tiny_model):
     layer, units = 2, [5, 9, 30]
     weights, push = torch.tensor([0.5, 1.0, 2.0]), torch.randn(tiny_model.cfg.d_model)
     planted = localize.plant_unit_failure(tiny_model, layer, units, weights, push, strength=3.0)
@@ -33,13 +34,14 @@ def test_unit_plant_is_a_rank_one_edit_of_those_units_and_the_hooks_equal_it(tin
     assert torch.linalg.matrix_rank(delta) == 1 and set(delta.abs().sum(1).nonzero().flatten().tolist()) == set(units)
     tokens = torch.randint(0, 50, (3, 7))
     with torch.no_grad():
-        with tiny_model.hooks(fwd_hooks=localize.unit_plant_hooks(layer, units, weights, push, 3.0)):
+        plant = localize.UnitPlant(layer, units, weights, push, 3.0)
+        with tiny_model.hooks(fwd_hooks=hooks_for([plant], tiny_model)):
             hooked = tiny_model(tokens)
         assert torch.allclose(hooked, planted(tokens), atol=1e-4)
         assert not torch.allclose(planted(tokens), tiny_model(tokens), atol=1e-2)
-        with planted.hooks(fwd_hooks=Silence(layer, "mlp").hooks(planted)):
+        with planted.hooks(fwd_hooks=hooks_for([Silence(layer, "mlp")], planted)):
             planted_silenced = planted(tokens)
-        with tiny_model.hooks(fwd_hooks=Silence(layer, "mlp").hooks(tiny_model)):
+        with tiny_model.hooks(fwd_hooks=hooks_for([Silence(layer, "mlp")], tiny_model)):
             assert torch.allclose(planted_silenced, tiny_model(tokens), atol=1e-5)  # silencing the block removes it
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reach_lens import localize, plots
-from reach_lens.hooks import Silence, Steer
+from reach_lens.interventions import Silence, Steer
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import Question, get_task
@@ -55,7 +55,7 @@ def silencing_script(interventions, role, panel, index):
         return healthy
     repaired = {("calibration", "mlp", 2): index < 9, ("calibration", "mlp", 1): index < 5,
                 ("calibration", "attn", 0): index < 3, ("evaluation", "mlp", 1): True,
-                ("evaluation", "attn", 0): index < 8}.get((role, iv.component, iv.layer), False)
+                ("evaluation", "attn", 0): index < 8}.get((role, iv.site, iv.layer), False)
     return healthy or repaired
 
 

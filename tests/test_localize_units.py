@@ -8,11 +8,12 @@ from test_localize_steps import Scripted
 from test_probes import CharTokenizer
 
 from reach_lens import localize
-from reach_lens.hooks import Units, top_units_along
+from reach_lens.interventions import Units
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 from reach_lens.tasks import Question, get_task
 from reach_lens.generate import engine_for
+from reach_lens.unit_selection import top_units_along
 
 LAYER, K = 2, 4
 

@@ -9,7 +9,7 @@ from conftest import make_tiny_model
 
 from reach_lens import parallel
 from reach_lens.generate import Request, engine_for
-from reach_lens.hooks import Silence
+from reach_lens.interventions import Silence
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
 
@@ -48,12 +48,12 @@ def test_models_travel_by_key_and_come_back_as_the_same_object():
 def test_ray_pool_equals_local_pool(pool):
     model = make_tiny_model()
     other = make_tiny_model(seed=5)  # a second model in the same closure travels too
-    hooks_model = Silence(1, "mlp")
+    silenced = [Silence(1, "mlp")]
     parts = [prompts(3, seed) for seed in range(5)]
 
     def rows_of(part):
         a = engine_for(model).generate([Request(p, 5, temperature=0.8, seed=len(p)) for p in part],
-                                       hooks=hooks_model.hooks(model))
+                                       interventions=silenced)
         b = engine_for(other).generate([Request(p, 3) for p in part])
         return [{"tokens": x.tokens, "other": y.tokens} for x, y in zip(a, b)]
 

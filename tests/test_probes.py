@@ -7,6 +7,7 @@ from conftest import SHARED_DATA, make_tiny_model, needs_shared_data
 from transformer_lens import HookedTransformer
 
 from reach_lens.generate import Engine, Request, engine_for
+from reach_lens.interventions import Silence
 from reach_lens.models import encode
 from reach_lens.probes import RECOGNITION_KEYS, deploy, prompt_ids, question_seed, recognize, route, sample
 from reach_lens.tasks import get_task
@@ -65,17 +66,18 @@ def test_deploy_is_greedy_generation_graded(model, arc, questions):
         assert (row["answer"], row["correct"]) == (graded.answer, graded.correct)
 
 
-def test_deploy_with_hooks_and_independent_of_batch_size_and_order(model, arc, questions):
-    def zero(act, hook):
-        return torch.zeros_like(act)
-
-    hooks = [("blocks.2.hook_mlp_out", zero)]
+def test_deploy_under_interventions_and_independent_of_batch_size_and_order(model, arc, questions):
+    silenced = [Silence(2, "mlp")]
     plain = deploy(model, arc, questions, "shared")
-    hooked = deploy(model, arc, questions, "shared", hooks=hooks)
+    hooked = deploy(model, arc, questions, "shared", interventions=silenced)
     assert [r["text"] for r in hooked] != [r["text"] for r in plain]
+    with model.hooks(fwd_hooks=[("blocks.2.hook_mlp_out", lambda act, hook: torch.zeros_like(act))]):
+        by_hand = deploy(model, arc, questions, "shared")  # the same zeros as a hook registered by hand
+    assert [r["text"] for r in by_hand] == [r["text"] for r in hooked]
     for batch_size in (1, 2, 16):
         for order in ([0, 1, 2], [2, 0, 1]):
-            rows = deploy(model, arc, [questions[i] for i in order], "shared", hooks=hooks, batch_size=batch_size)
+            rows = deploy(model, arc, [questions[i] for i in order], "shared", interventions=silenced,
+                          batch_size=batch_size)
             assert [r["text"] for r in rows] == [hooked[i]["text"] for i in order]
             assert [r["mean_logprob"] for r in rows] == pytest.approx([hooked[i]["mean_logprob"] for i in order],
                                                                      abs=1e-5)
@@ -138,12 +140,9 @@ def test_recognize_matches_unbatched_likelihoods(model, arc, questions, norm):
         assert row.gold_rank == 1 + sum(e > expected[q.gold_index] for e in expected)
 
 
-def test_recognize_under_hooks_and_errors(model, arc, questions):
-    def zero(act, hook):
-        return torch.zeros_like(act)
-
+def test_recognize_under_interventions_and_errors(model, arc, questions):
     plain = recognize(model, arc, questions)
-    hooked = recognize(model, arc, questions, hooks=[("blocks.0.hook_attn_out", zero)])
+    hooked = recognize(model, arc, questions, interventions=[Silence(0, "attn")])
     assert isinstance(plain, list) and set(plain[0]) == set(RECOGNITION_KEYS)  # one dict per question
     assert [r["loglik"] for r in hooked] != [r["loglik"] for r in plain]
     assert not model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks
@@ -169,10 +168,10 @@ class FixedScores(Engine):
     def describe(self):
         return {"model": "fixed", "weights": "0", "device": "cpu", "dtype": "float32"}
 
-    def generate(self, requests, hooks=(), batch_size=16):
+    def generate(self, requests, interventions=(), batch_size=16):
         raise AssertionError("not used")
 
-    def loglik(self, requests, hooks=(), batch_size=32):
+    def loglik(self, requests, interventions=(), batch_size=32):
         return [self.scores[self.tokenizer.decode(r.continuation)] for r in requests]
 
 
@@ -225,19 +224,20 @@ def test_non_finite_logits_are_an_error_naming_the_question_in_every_probe(model
     second = lengths[1]
     assert len(set(lengths)) == 3
     first_decoded = questions[lengths.index(max(lengths))].id  # rows start longest prompt first
-    probes = {"deploy": lambda hooks: deploy(model, arc, questions, "shared", hooks=hooks, batch_size=1),
-              "sample": lambda hooks: sample(model, arc, questions, "shared", K=2, temperature=0.8, seed=0,
-                                             hooks=hooks, batch_size=1),
-              "route": lambda hooks: route(model, arc, questions, "shared", [[(0, 1, 1)]] * 3, hooks=hooks,
-                                           batch_size=1)}
+    probes = {"deploy": lambda: deploy(model, arc, questions, "shared", batch_size=1),
+              "sample": lambda: sample(model, arc, questions, "shared", K=2, temperature=0.8, seed=0, batch_size=1),
+              "route": lambda: route(model, arc, questions, "shared", [[(0, 1, 1)]] * 3, batch_size=1)}
     for name, run in probes.items():
         with pytest.raises(NonFiniteLogits, match=r"question 'q2': non-finite logits for request \d+ .* at generated "
-                                                  r"token 0: .*a hook may have written non-finite values"):
-            run(nan_for(second, decode_only=False))
-        with pytest.raises(NonFiniteLogits, match=rf"question '{first_decoded}': .* at generated token 1\b"):
-            run(nan_for(second, decode_only=True))
-    with pytest.raises(NonFiniteLogits, match=r"question 'q\d': non-finite logits for loglik request \d+") as raised:
-        recognize(model, arc, questions, hooks=[("blocks.0.hook_resid_post", lambda a, hook: a * float("nan"))])
+                                                  r"token 0: .*a hook may have written non-finite values"), \
+                model.hooks(fwd_hooks=nan_for(second, decode_only=False)):
+            run()
+        with pytest.raises(NonFiniteLogits, match=rf"question '{first_decoded}': .* at generated token 1\b"), \
+                model.hooks(fwd_hooks=nan_for(second, decode_only=True)):
+            run()
+    with pytest.raises(NonFiniteLogits, match=r"question 'q\d': non-finite logits for loglik request \d+") as raised, \
+            model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda a, hook: a * float("nan"))]):
+        recognize(model, arc, questions)
     owners = [q.id for q in questions for _ in q.options]  # one loglik request per option, in question order
     assert str(raised.value).startswith(f"question {owners[raised.value.request]!r}:")
     assert not model.hook_dict["blocks.1.hook_resid_post"].fwd_hooks  # nothing left behind

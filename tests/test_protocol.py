@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_model
 
-from reach_lens.hooks import Silence, Steer
+from reach_lens.interventions import Silence, Steer
 from reach_lens.models import model_fingerprint
 from reach_lens.protocol import PROBES, Protocol, code_commit, question_set_hash
 from reach_lens.version import reach_lens_version

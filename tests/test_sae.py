@@ -21,14 +21,14 @@ from test_probes import CharTokenizer
 
 from reach_lens.generate import EngineCapabilityError, Request, TransformerLensEngine, engine_for
 from reach_lens.generate.attention import fast_attention_supported
-from reach_lens.hooks import (Latents, Silence, Steer, hooks_for, intervention_from_dict,
-                              unit_output_mass)
+from reach_lens.interventions import Latents, Silence, Steer, hooks_for, intervention_from_dict
 from reach_lens.models import model_fingerprint, store_linear_weights_transposed
 from reach_lens.probes import deploy, recognize, route, sample
 from reach_lens.sae import (attach, attached, decoder_directions, describe_saes, latent_hook,
                             latent_output_mass, load_sae, through_saes, to_sae_transformer, top_latents_along)
 from reach_lens.tasks import get_task
 from reach_lens.tasks.mc import make_mc_question
+from reach_lens.unit_selection import unit_output_mass
 
 RESID, MLP, Z = "blocks.1.hook_resid_pre", "blocks.2.hook_mlp_out", "blocks.0.attn.hook_z"
 TC_IN, TC_OUT = "blocks.3.ln2.hook_normalized", "blocks.3.hook_mlp_out"
@@ -174,11 +174,11 @@ ROUTES = [None, (0, 1, 2, 3), (0, 2, 3), (0, 1, 1, 2, 3), (0, 0, 1, 3, 3), (2, 0
 def test_greedy_equals_the_sae_models_own_argmax_loop(sae_model, hooked):
     prompts = random_prompts([3, 17, 6])
     with attached(sae_model, all_saes()):  # reconstructions replace the activations
-        hooks = (hooks_for([Latents(RESID, (1, 5, 9)), Latents(TC_IN, (0, 3), "scale", 3.0),
-                            Steer(2, torch.linspace(-1, 1, 32), 0.5, hook="resid_post")], sae_model)
-                 if hooked else [])
+        ivs = ([Latents(RESID, (1, 5, 9)), Latents(TC_IN, (0, 3), "scale", 3.0),
+                Steer(2, torch.linspace(-1, 1, 32), 0.5, site="resid_post")] if hooked else [])
+        hooks = hooks_for(ivs, sae_model)
         reqs = [Request(p, 6, route=r, stop_token_ids=()) for p in prompts for r in ROUTES]
-        gens = TransformerLensEngine(sae_model).generate(reqs, hooks=hooks, batch_size=3)
+        gens = TransformerLensEngine(sae_model).generate(reqs, interventions=ivs, batch_size=3)
         for req, gen in zip(reqs, gens):
             tokens, logprobs = argmax_loop(sae_model, req.prompt, 6, req.route, hooks)
             assert gen.tokens == tokens, (req.prompt, req.route)
@@ -294,7 +294,8 @@ def test_plain_transformer_lens_users_get_the_same_behaviour_and_no_hook_left(sa
                      Steer(3, torch.linspace(1, -1, 32), 1.5, positions=(0, 2))]
     with attached(sae_model, [make_sae(RESID), make_sae(MLP, "topk", seed=1)], use_error_term=True):
         hooks = hooks_for(interventions, sae_model)
-        inside = engine_for(sae_model).generate([Request(p, 5, stop_token_ids=()) for p in prompts], hooks=hooks)
+        inside = engine_for(sae_model).generate([Request(p, 5, stop_token_ids=()) for p in prompts],
+                                                interventions=interventions)
         for p, gen in zip(prompts, inside):
             with sae_model.hooks(fwd_hooks=hooks_for(interventions, sae_model)):  # a plain TransformerLens user
                 tokens = list(p)
@@ -316,16 +317,19 @@ def boom(act, hook):
 def test_hooks_on_a_point_an_sae_occupies_go_through_it(sae_model, plain):
     prompts = random_prompts([6, 8])
     reqs = [Request(p, 5, stop_token_ids=()) for p in prompts]
-    silence = Silence(2, "mlp").hooks(sae_model)
-    want = engine_for(plain).generate(reqs, hooks=Silence(2, "mlp").hooks(plain))
+    want = engine_for(plain).generate(reqs, interventions=[Silence(2, "mlp")])
     with attached(sae_model, make_sae(MLP, "topk", seed=1)):
+        silence = Silence(2, "mlp").hooks(sae_model)
         with pytest.raises(TypeError, match="_SAEWrapper"):  # TransformerLens: the name is now the SAE's module
-            engine_for(sae_model).generate(reqs, hooks=silence)
+            with sae_model.hooks(fwd_hooks=silence):
+                pass
         rerouted = through_saes(silence, sae_model)
-        assert [name for name, _ in rerouted] == [f"{MLP}.hook_sae_output"]
-        got = engine_for(sae_model).generate(reqs, hooks=rerouted)  # zero what flows on: the MLP adds nothing
-        assert [g.tokens for g in got] == [g.tokens for g in want]
-    assert through_saes(silence, plain) == silence and no_hooks_left(sae_model)
+        assert [name for name, _ in rerouted] == [name for name, _ in hooks_for([Silence(2, "mlp")], sae_model)] \
+            == [f"{MLP}.hook_sae_output"]
+        got = engine_for(sae_model).generate(reqs, interventions=[Silence(2, "mlp")])  # the engine reroutes too
+        assert [g.tokens for g in got] == [g.tokens for g in want]  # zero what flows on: the MLP adds nothing
+    plain_silence = Silence(2, "mlp").hooks(plain)
+    assert through_saes(plain_silence, plain) == plain_silence and no_hooks_left(sae_model)
 
 
 def test_latents_serialize_and_name_bad_values(sae_model, plain):
@@ -491,9 +495,9 @@ def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain,
             assert list(top.units) == top_ids and set(table.space) == {"SAE latents"} and set(table["rank"]) == {rank}
             for r in table[table.arm == "random"].itertuples():
                 assert len(r.units) == 4 and not set(r.units) & set(top.units)
-            direct = deploy(sae_model, arc, evaluated, "shared", hooks=Latents(MLP, tuple(top.units)).hooks(sae_model))
+            direct = deploy(sae_model, arc, evaluated, "shared", interventions=[Latents(MLP, tuple(top.units))])
             assert int(top.repair_k) == sum(d["correct"] for d in direct)
-            block = deploy(plain, arc, evaluated, "shared", hooks=Silence(2, "mlp").hooks(plain))
+            block = deploy(plain, arc, evaluated, "shared", interventions=[Silence(2, "mlp")])
             assert table.iloc[0].arm == "block" and int(table.iloc[0].repair_k) == sum(d["correct"] for d in block)
             assert ((table.mass >= 0) & (table.mass <= 1)).all()
         with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):

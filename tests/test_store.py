@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reach_lens.hooks import Silence
+from reach_lens.interventions import Silence
 from reach_lens.protocol import Protocol, question_set_hash
 from reach_lens.records import make_record
 from reach_lens.store import ProtocolMismatch, RunDirectoryBusy, RunStore, UnreadableRunDirectory
@@ -205,7 +205,7 @@ def test_protocol_mismatch_names_every_differing_field(tmp_path):
     assert f'questions: stored "{PROTOCOL.questions}", given "{changed.questions}"' in msg
     assert "settings.alphas: stored [2,4], given [2,4,8]" in msg
     assert 'settings.extra: stored <absent>, given "x"' in msg
-    assert 'interventions: stored [], given [{"component":"attn","kind":"silence","layer":3,' in msg
+    assert 'interventions: stored [], given [{"kind":"silence","layer":3,"mean":null,"mode":"zero","site":"attn"}]' in msg
     assert "Pick another directory" in msg
     assert "commit" not in msg and "model" not in msg and "n:" not in msg  # only differing matched fields
     with pytest.raises(ProtocolMismatch, match=r"settings.alphas: stored \[2,4\], given \[2.0,4\]"):

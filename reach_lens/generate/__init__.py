@@ -1,4 +1,4 @@
-"""One generation engine for every probe: per-row prompts, routes, hooks, greedy or seeded sampling.
+"""One generation engine for every probe: per-row prompts, routes, interventions, greedy or seeded sampling.
 
     from reach_lens.generate import Request, engine_for
     gens = engine_for(model).generate([Request(prompt_ids, max_new_tokens=8, temperature=0.8, seed=3)])

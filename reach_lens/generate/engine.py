@@ -1,13 +1,18 @@
 """The engine interface, and its TransformerLens implementation.
 
     engine = engine_for(model)                                   # one per HookedTransformer, kept
-    gens = engine.generate([Request(prompt, max_new_tokens=8)], hooks=Silence(3, "mlp").hooks(model))
+    gens = engine.generate([Request(prompt, max_new_tokens=8)], interventions=[Silence(3, "mlp")])
     scores = engine.loglik([LoglikRequest(context, continuation)])
 
-An ``Engine`` turns ``Request``s into ``Generation``s and scores continuations (``loglik``). Hooks, routes and
-hidden states are capabilities: an engine that lacks one refuses a request needing it
-(``EngineCapabilityError``). ``TransformerLensEngine`` has them all; a hook-free engine (vLLM) can serve
-deploy and sample probes behind the same interface.
+An ``Engine`` turns ``Request``s into ``Generation``s and scores continuations (``loglik``), under the call's
+interventions (``reach_lens.interventions``). ``TransformerLensEngine`` builds their hooks itself, with a
+``PositionSource`` of the call on which it declares each batch row's positions around every forward
+(``reach_lens.positions``), and registers them for the call only. A hook registered on the model by hand
+(``with model.hooks(...)`` around the call) runs too, as hooks of no known kind (never ``positionwise``).
+
+Hooks (interventions), routes and hidden states are capabilities: an engine that lacks one refuses a request
+needing it (``EngineCapabilityError``). ``TransformerLensEngine`` has them all; a hook-free engine (vLLM) can
+serve deploy and sample probes behind the same interface.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from reach_lens.generate.loop import DecodeLoop
 from reach_lens.generate.loglik import padded_rows, shared_context_rows
 from reach_lens.generate.prefill import Prefiller, PrefixCache
 from reach_lens.generate.types import EngineCapabilityError, Generation, LoglikRequest, Request
-from reach_lens.hooks import Hooks, is_positionwise, validate_route
+from reach_lens.hooks import is_positionwise
+from reach_lens.interventions import Intervention, hooks_for
 from reach_lens.models import encode, model_fingerprint
+from reach_lens.positions import PositionSource
+from reach_lens.routes import validate_route
 
 CAPABILITIES = ("hooks", "routes", "hidden", "entropy", "loglik")
 CPU = torch.device("cpu")
@@ -58,23 +66,25 @@ class Engine(ABC):
         """Token ids of ``text`` as the model reads a prompt (BOS only where the model's tokenizer adds one)."""
 
     @abstractmethod
-    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
-        """One ``Generation`` per request, in order; ``hooks`` are active for the whole call; ``batch_size`` caps
+    def generate(self, requests: Sequence[Request], interventions: Sequence[Intervention] = (),
+                 batch_size: int = 16) -> list[Generation]:
+        """One ``Generation`` per request, in order; ``interventions`` act for the whole call; ``batch_size`` caps
         the rows decoded together (on a GPU fewer when free memory is short)."""
 
     @abstractmethod
-    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
-        """The summed log-probability of each request's continuation after its context."""
+    def loglik(self, requests: Sequence[LoglikRequest], interventions: Sequence[Intervention] = (),
+               batch_size: int = 32) -> list[float]:
+        """The summed log-probability of each request's continuation after its context, under ``interventions``."""
 
     def close(self) -> None:
         """Free what the engine holds outside this process's Python objects (vLLM's engine process and its KV
         cache); nothing for an engine that holds nothing such. The engine is not used after."""
 
-    def check(self, requests: Sequence[Request], hooks: Hooks = ()) -> None:
+    def check(self, requests: Sequence[Request], interventions: Sequence[Intervention] = ()) -> None:
         """Refuse what this engine cannot do, naming the first request that needs it."""
-        if hooks and "hooks" not in self.capabilities:
-            raise EngineCapabilityError(f"engine {self.name!r} cannot run hooks ({len(hooks)} given); "
-                                        "use the transformer_lens engine for interventions")
+        if interventions and "hooks" not in self.capabilities:
+            raise EngineCapabilityError(f"engine {self.name!r} cannot run hooks ({len(interventions)} interventions "
+                                        "given); use the transformer_lens engine for interventions")
         for i, r in enumerate(requests):
             if r.route is not None and "routes" not in self.capabilities:
                 raise EngineCapabilityError(f"request {i} has route {list(r.route)}; engine {self.name!r} runs "
@@ -158,12 +168,15 @@ class TransformerLensEngine(Engine):
             if r.route is not None:
                 validate_route(r.route, cfg.n_layers)
 
-    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
+    def generate(self, requests: Sequence[Request], interventions: Sequence[Intervention] = (),
+                 batch_size: int = 16) -> list[Generation]:
         requests = list(requests)
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
-        self.check(requests, hooks)
+        self.check(requests, interventions)
         self._validate(requests)
+        source = PositionSource()
+        hooks = hooks_for(interventions, self.model, source)
         if not requests:
             return []
         tokenizer = self.model.tokenizer
@@ -173,13 +186,13 @@ class TransformerLensEngine(Engine):
         # prompts' full paths are batched, and a shared token prefix runs once under the hooks, only when every hook
         # that runs is this call's and positionwise (or none runs)
         positionwise = all(is_positionwise(fn) for _, fn in hooks) and not hooks_registered(self.model)
-        with torch.no_grad(), self.model.hooks(fwd_hooks=list(hooks)), fast_attention(self.model, fast):
+        with torch.no_grad(), self.model.hooks(fwd_hooks=hooks), fast_attention(self.model, fast):
             hooked_from = first_hooked_layer(self.model)
             self.prefix_cache.validate(self._stamp(fast))
-            prefiller = Prefiller(self.model, self.prefix_cache if self.share_prefixes else None, hooked_from,
+            prefiller = Prefiller(self.model, source, self.prefix_cache if self.share_prefixes else None, hooked_from,
                                   share=self.share_prefixes, positionwise_hooks=positionwise)
             prefiller.share_common_prefix([r.prompt for r in requests])
-            return DecodeLoop(self.model, requests, prefiller, decode, eos, batch_size).run()
+            return DecodeLoop(self.model, source, requests, prefiller, decode, eos, batch_size).run()
 
     def _stamp(self, fast: bool) -> Hashable:
         """What the clean prefixes depend on besides the prompt: parameters (storage and in-place versions),
@@ -198,7 +211,8 @@ class TransformerLensEngine(Engine):
 
     # ---- loglik ---------------------------------------------------------------------------------
 
-    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
+    def loglik(self, requests: Sequence[LoglikRequest], interventions: Sequence[Intervention] = (),
+               batch_size: int = 32) -> list[float]:
         """Summed log-probabilities, in forwards of at most ``batch_size`` requests of similar lengths
         (``reach_lens.generate.loglik``): requests that share a context share its forward when the model runs the
         engine's cached attention and every hook is positionwise, otherwise each runs as one padded sequence.
@@ -206,6 +220,8 @@ class TransformerLensEngine(Engine):
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} out of range: expected >= 1")
         model = self.model
+        source = PositionSource()
+        hooks = hooks_for(interventions, model, source)
         attached_saes(model)  # refuses SAE settings a block-by-block forward would not reproduce
         for i, r in enumerate(requests):
             bad = [t for t in r.context + r.continuation if not 0 <= t < model.cfg.d_vocab]
@@ -216,8 +232,8 @@ class TransformerLensEngine(Engine):
         shared = self.share_prefixes and fast and all(is_positionwise(fn) for _, fn in hooks) \
             and not hooks_registered(model)
         sums = torch.zeros(len(requests), dtype=torch.float64, device=CPU)  # not the default device
-        with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)), fast_attention(model, fast):
-            chunks = (shared_context_rows if shared else padded_rows)(model, requests, batch_size)
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks), fast_attention(model, fast):
+            chunks = (shared_context_rows if shared else padded_rows)(model, source, requests, batch_size)
             for owners, resid, targets in chunks:
                 picked = resid.to(model.unembed.W_U.device)
                 if model.cfg.normalization_type is not None:

@@ -10,8 +10,9 @@
   waiting row fits, the batch drains and the next one starts with a new schedule.
 - Rows start longest prompt first (a prompt's rows together, its routes in order), so that a batch's prompts
   have similar lengths and little of its padded work is padding.
-- Around every forward the rows' own positions are declared (``reach_lens.positions``), so positioned hooks
-  act on each row's positions whatever its slot or the cache's padding.
+- Around every forward the rows' own positions are declared on the call's ``PositionSource``
+  (``reach_lens.positions``), so positioned hooks act on each row's positions whatever its slot or the cache's
+  padding.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from reach_lens.generate.attention import DecodeCache, block_device, rows_that_f
 from reach_lens.generate.choice import StopCheck, check_finite, choose
 from reach_lens.generate.prefill import Path, Pieces, Prefilled, Prefiller
 from reach_lens.generate.types import Generation, Request
-from reach_lens.positions import row_positions
+from reach_lens.positions import PositionSource
 
 FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
 ROUTE_GROUP = 32  # routes of one prompt prefilled together: their keys and values live until their rows start
@@ -103,9 +104,10 @@ class DecodeLoop:
     """Runs the rows of one engine call to completion (see the module docstring); ``run()`` returns them in
     request order."""
 
-    def __init__(self, model: HookedTransformer, requests: Sequence[Request], prefiller: Prefiller,
-                 decode: Callable[[list[int]], str] | None, eos: Sequence[int], batch_size: int):
-        self.model, self.prefiller, self.batch_size = model, prefiller, batch_size
+    def __init__(self, model: HookedTransformer, source: PositionSource, requests: Sequence[Request],
+                 prefiller: Prefiller, decode: Callable[[list[int]], str] | None, eos: Sequence[int], batch_size: int):
+        """``source``: the call's position source, on which each decode step declares its rows' positions."""
+        self.model, self.source, self.prefiller, self.batch_size = model, source, prefiller, batch_size
         full = tuple(range(model.cfg.n_layers))
         self.rows = [
             _Row(r, r.route if r.route is not None else full,
@@ -302,7 +304,7 @@ class DecodeLoop:
         prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots],
                                       device=CPU)
         keep_all = self.keep[live].all(0).tolist()
-        with row_positions(positions.to(device), prompt_lengths.to(device)):
+        with self.source.declare(positions.to(device), prompt_lengths.to(device)):
             resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens),
                                                                past_kv_cache=self.cache)
             for j, layer in enumerate(self.schedule):

@@ -39,7 +39,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
 from reach_lens.generate.attention import Entry, block_device
-from reach_lens.positions import row_positions
+from reach_lens.positions import PositionSource
 
 PADDING_WASTE = 0.25  # a right-padded prefill batch computes at most this share of its real tokens again as padding
 # attention scores (prompts x heads x queries x keys) of one prefill block call, at most (unless one prompt alone
@@ -218,15 +218,16 @@ def clean_length(route: Path) -> int:
 class Prefiller:
     """Prefills of the (prompt, route) pairs of one engine call (see the module docstring).
 
+    ``source`` is the call's position source, on which every forward declares its rows' positions;
     ``hooked_from`` is the first layer any hook of the call can touch (-1: the embedding is hooked; L: only
     ``ln_final``/unembed or nothing), ``share`` turns every kind of sharing off when False (a reference),
     ``positionwise_hooks`` says every hook the call runs is positionwise, or that it runs none (then full-path
     prefills are batched, and a common prefix runs once under the hooks).
     """
 
-    def __init__(self, model: HookedTransformer, cache: PrefixCache | None, hooked_from: int, share: bool = True,
-                 positionwise_hooks: bool = False):
-        self.model, self.cache, self.hooked_from, self.share = model, cache, hooked_from, share
+    def __init__(self, model: HookedTransformer, source: PositionSource, cache: PrefixCache | None, hooked_from: int,
+                 share: bool = True, positionwise_hooks: bool = False):
+        self.model, self.source, self.cache, self.hooked_from, self.share = model, source, cache, hooked_from, share
         self.n_layers = model.cfg.n_layers
         self.positionwise_hooks = positionwise_hooks
         self.hooked_prefix: tuple[Path, list[KV]] | None = None  # tokens, kv of hooked blocks
@@ -255,7 +256,7 @@ class Prefiller:
             entry.append(keys.transpose(0, 1)[None], values.transpose(0, 1)[None])
         ones = torch.ones((batch, start + n), dtype=torch.long, device=device)
         positions = torch.arange(start, start + n, device=device).expand(batch, n)
-        with row_positions(positions, torch.full((batch,), start + n, device=device)):
+        with self.source.declare(positions, torch.full((batch,), start + n, device=device)):
             out = self.model.blocks[layer](resid.to(device), past_kv_cache_entry=entry, attention_mask=ones)
         return out, entry
 
@@ -361,7 +362,7 @@ class Prefiller:
         routes = list(dict.fromkeys(routes))
         n = len(prompt)
         device = self.model.embed.W_E.device
-        with row_positions(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
+        with self.source.declare(torch.arange(n, device=device)[None], torch.tensor([n], device=device)):  # embed, unembed
             if not self.share:
                 return {r: self._alone(prompt, r) for r in routes}
             return self._shared(prompt, routes)

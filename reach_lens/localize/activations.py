@@ -11,7 +11,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
 from reach_lens.generate.prefill import padded_batches
-from reach_lens.hooks import Intervention
+from reach_lens.interventions import Intervention, hooks_for
 from reach_lens.models import encode
 
 
@@ -41,11 +41,12 @@ def _in_order(parts: Sequence[tuple[list[int], Tensor]]) -> Tensor:
 
 
 def last_prompt_activations(model: HookedTransformer, prompts: Sequence[str], hook_name: str,
-                            batch_size: int = 16, hooks=()) -> Float[Tensor, "n d"]:
-    """Activation at ``hook_name`` (a ``blocks.{l}.…`` hook) on the last token of each prompt, under ``hooks``."""
+                            batch_size: int = 16, interventions: Sequence[Intervention] = ()) -> Float[Tensor, "n d"]:
+    """Activation at ``hook_name`` (a ``blocks.{l}.…`` hook) on the last token of each prompt, under
+    ``interventions``."""
     layer = int(hook_name.split(".")[1])
     out = []
-    with model.hooks(fwd_hooks=list(hooks)):
+    with model.hooks(fwd_hooks=hooks_for(interventions, model)):
         for rows, tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens, names_filter=[hook_name], stop_at_layer=layer + 1)
@@ -58,7 +59,7 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
                                ) -> tuple[Float[Tensor, "n d_mlp"], list[Float[Tensor, "n d_mlp"]]]:
     """MLP ``layer``'s hidden units (``mlp.hook_post``) at the last token of each prompt: unperturbed, and under
     each perturbation (an intervention at a layer <= ``layer``) in turn. Equal to ``last_prompt_activations``
-    without hooks and with ``hooks=p.hooks(model)``, but one clean run gives the clean units and the residual
+    without and with ``interventions=[p]``, but one clean run gives the clean units and the residual
     entering each perturbation's layer, from which each perturbed run starts (the layers before it run once).
     """
     name = f"blocks.{layer}.mlp.hook_post"
@@ -82,7 +83,7 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
             clean.append((rows, cache[name][at_last].cpu()))
             for i, p in enumerate(perturbations):
                 resid = cache[f"blocks.{p.layer}.hook_resid_pre"]
-                with model.hooks(fwd_hooks=p.hooks(model) + [(name, grab)]):
+                with model.hooks(fwd_hooks=hooks_for([p], model) + [(name, grab)]):
                     for block in model.blocks[p.layer:layer + 1]:
                         resid = block(resid)
                 out[i].append((rows, seen.pop("post")[at_last].cpu()))
@@ -90,14 +91,14 @@ def perturbed_last_activations(model: HookedTransformer, prompts: Sequence[str],
 
 
 def last_prompt_logits(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 16,
-                       hooks=()) -> Float[Tensor, "n d_vocab"]:
-    """Next-token logits after each prompt (the first generated token's distribution).
+                       interventions: Sequence[Intervention] = ()) -> Float[Tensor, "n d_vocab"]:
+    """Next-token logits after each prompt (the first generated token's distribution), under ``interventions``.
 
     The blocks run over every position, but ``ln_final`` and the unembedding only at each prompt's last
     token (the unembedding of every position would cost more than the blocks of a small model).
     """
     out = []
-    with model.hooks(fwd_hooks=list(hooks)):
+    with model.hooks(fwd_hooks=hooks_for(interventions, model)):
         for rows, tokens, last in _right_padded(model, prompts, batch_size):
             with torch.no_grad():
                 at_last = torch.arange(len(tokens), device=last.device), last

@@ -20,7 +20,7 @@ import pandas as pd
 from transformer_lens import HookedTransformer
 
 from reach_lens import probes, stats
-from reach_lens.hooks import Intervention, hooks_for
+from reach_lens.interventions import Intervention
 from reach_lens.localize.panels import PANELS, ROLES
 from reach_lens.store import RunStore
 from reach_lens.tasks import Question, Task
@@ -90,7 +90,7 @@ class Conditions:
 
     def answer(self, questions: Sequence[Question], interventions: Sequence[Intervention]) -> list[dict]:
         """Greedy answers (candidate dicts with ``correct`` and ``answer``) of ``questions`` under ``interventions``."""
-        return probes.deploy(self.model, self.task, questions, self.fmt, hooks=hooks_for(interventions, self.model),
+        return probes.deploy(self.model, self.task, questions, self.fmt, interventions=interventions,
                              batch_size=self.batch_size)
 
     def rows(self, condition: str, role: str, panels: Sequence[str] = PANELS) -> pd.DataFrame:

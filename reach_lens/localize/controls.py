@@ -21,10 +21,9 @@ import pandas as pd
 from transformer_lens import HookedTransformer
 
 from reach_lens import probes
-from reach_lens.hooks import Silence, Steer
+from reach_lens.interventions import Silence, Steer
 from reach_lens.localize.activations import perturbed_last_activations
-from reach_lens.localize.plants import (answer_push, plant_answer_failure, plant_unit_failure, trigger_units,
-                                        unit_plant_hooks)
+from reach_lens.localize.plants import UnitPlant, answer_push, plant_answer_failure, plant_unit_failure, trigger_units
 from reach_lens.store import RunStore
 from reach_lens.tasks import Question, Task
 
@@ -76,8 +75,7 @@ def control_pool(model: HookedTransformer, task: Task, questions: Sequence[Quest
     todo = [q for q in correct if q.id not in set(done.get("question_id", []))]
     if todo:
         log(f"greedy answers of {len(todo)} correctly answered questions with MLP {layer} silenced")
-        silenced = Silence(layer, "mlp").hooks(model)
-        deployed = probes.deploy(model, task, todo, fmt, hooks=silenced, batch_size=batch_size)
+        deployed = probes.deploy(model, task, todo, fmt, interventions=[Silence(layer, "mlp")], batch_size=batch_size)
         store.append("without_block", [{"question_id": q.id, "correct": bool(d["correct"]), "answer": d["answer"]}
                                        for q, d in zip(todo, deployed)])
         done = store.read("without_block")
@@ -120,14 +118,14 @@ def plant_control(kind: str, model: HookedTransformer, task: Task, pool: Sequenc
         info.update(units=trigger["units"], seed_unit=trigger["seed"], weights=trigger["weights"].tolist(),
                     trigger_contrast=trigger["contrast"], triggered=len(triggered), measured=len(measured))
 
-        def hooks_at(s: float):
-            return unit_plant_hooks(layer, trigger["units"], trigger["weights"], push, s)
+        def edit_at(s: float):
+            return UnitPlant(layer, trigger["units"], trigger["weights"], push, s)
     else:
         measured = susceptible
         info.update(measured=len(measured))
 
-        def hooks_at(s: float):
-            return Steer(layer, tuple(push.tolist()), s).hooks(model)
+        def edit_at(s: float):
+            return Steer(layer, tuple(push.tolist()), s)
     if not measured:
         raise ValueError(f"no pool question can fail under a push towards {target!r} (all golds are {target!r}"
                          + (" or none triggers the units" if kind == "units" else "") + "): raise --n")
@@ -136,10 +134,11 @@ def plant_control(kind: str, model: HookedTransformer, task: Task, pool: Sequenc
     measured_ids = {q.id for q in measured}
     others = [q.id for q in susceptible if q.id not in measured_ids]
     tried: list[dict] = []
-    for s in [strength] if strength else STRENGTHS[kind]:  # the edit acts exactly as these hooks
+    for s in [strength] if strength else STRENGTHS[kind]:  # the edit acts exactly as this intervention
         keys = [f"{edit}|{s:g}|{q.id}" for q in susceptible]
         if not set(keys) <= set(done.get("row_key", [])):
-            deployed = probes.deploy(model, task, susceptible, fmt, hooks=hooks_at(s), batch_size=batch_size)
+            deployed = probes.deploy(model, task, susceptible, fmt, interventions=[edit_at(s)],
+                                     batch_size=batch_size)
             rows = [{"row_key": key, "strength": s, "question_id": q.id, "correct": bool(d["correct"])}
                     for key, q, d in zip(keys, susceptible, deployed)]
             store.append("plant_search", rows)

@@ -18,6 +18,7 @@ from transformer_lens import HookedTransformer
 
 from reach_lens import probes
 from reach_lens.errors import UserError
+from reach_lens.interventions import Intervention
 from reach_lens.tasks import Question, Task
 
 RECOGNITION_RULES = ("sum", "norm")
@@ -29,8 +30,9 @@ ROLES = ("calibration", "evaluation")
 
 
 def screen(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
-           recognition: str = "sum", hooks=(), batch_size: int = 16, recognize: str = "all") -> pd.DataFrame:
-    """Recognition and direct generation of every question, one row each.
+           recognition: str = "sum", interventions: Sequence[Intervention] = (), batch_size: int = 16,
+           recognize: str = "all") -> pd.DataFrame:
+    """Recognition and direct generation of every question under ``interventions``, one row each.
 
     Columns: question_id, gold, recognized (gold option ranked first by summed ("sum") or per-token
     ("norm") option log-likelihood), recog_pred, generated (greedy answer graded correct), gen_answer,
@@ -43,9 +45,9 @@ def screen(model: HookedTransformer, task: Task, questions: Sequence[Question], 
         raise ValueError(f"recognize {recognize!r} unknown; expected 'all' or 'generated'")
     if task.kind != "mc":
         raise ValueError(f"task {task.name!r} is {task.kind}; recognition needs a multiple-choice task")
-    deployed = probes.deploy(model, task, questions, fmt, hooks=hooks, batch_size=batch_size)
+    deployed = probes.deploy(model, task, questions, fmt, interventions=interventions, batch_size=batch_size)
     measured = [q for q, gen in zip(questions, deployed) if recognize == "all" or gen["correct"]]
-    recog = pd.DataFrame(probes.recognize(model, task, measured, hooks=hooks, batch_size=batch_size),
+    recog = pd.DataFrame(probes.recognize(model, task, measured, interventions=interventions, batch_size=batch_size),
                          columns=["question_id", "pred_sum", "pred_norm"]).set_index("question_id")
     pred_column = "pred_sum" if recognition == "sum" else "pred_norm"
     rows = []

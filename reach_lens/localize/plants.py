@@ -8,13 +8,16 @@
   those units' activations: questions that trigger them fail, the others hardly move. Steering along v and the
   top units have a known answer (the push and the planted units).
 
-``push`` raises one answer letter's logit over the others (``answer_push``).
+``push`` raises one answer letter's logit over the others (``answer_push``). ``UnitPlant`` is the unit plant as
+an intervention (hooks equal in effect to the edit), for the strength search without a copy of the model.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -22,6 +25,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from reach_lens.hooks import Hooks, check_layer, positionwise
+from reach_lens.interventions import Intervention, Vector
+from reach_lens.positions import PositionSource
 
 
 def answer_push(model: HookedTransformer, target_token: int, away_from: Sequence[int]) -> Float[Tensor, "d_model"]:
@@ -112,21 +117,46 @@ def trigger_units(acts: Float[Tensor, "n d_mlp"], k: int, share: float = 0.3,
             "contrast": contrast}
 
 
-def unit_plant_hooks(layer: int, units: Sequence[int], weights: Float[Tensor, "k"], push: Float[Tensor, "d_model"],
-                     strength: float) -> Hooks:
-    """Hooks equal in effect to ``plant_unit_failure``: read the units at ``mlp.hook_post``, add
-    ``strength * (a[units] @ weights) * push`` at ``hook_mlp_out`` (for the strength search, without a copy)."""
-    idx = list(units)
-    seen: dict[str, Tensor] = {}
+@dataclass(frozen=True)
+class UnitPlant(Intervention):
+    """The unit plant as hooks, equal in effect to ``plant_unit_failure`` with the same arguments: read ``units`` of
+    MLP ``layer`` at ``mlp.hook_post`` (``a``, [batch, pos, k]), add ``strength * (a @ weights) * push`` at its
+    ``hook_mlp_out``. ``weights``: [k]; ``push``: [d_model] (tensors, arrays or sequences)."""
 
-    def read(act: Tensor, hook) -> Tensor:
-        seen["score"] = act[..., idx] @ weights.to(act)
-        return act
+    layer: int
+    units: tuple[int, ...]
+    weights: Vector
+    push: Vector
+    strength: float
+    kind: ClassVar[str] = "unit_plant"
+    vector_fields: ClassVar[tuple[str, ...]] = ("weights", "push")
 
-    def add(act: Tensor, hook) -> Tensor:
-        return act + strength * seen.pop("score")[..., None] * push.to(act)
+    def __post_init__(self):
+        object.__setattr__(self, "layer", int(self.layer))
+        object.__setattr__(self, "units", tuple(int(u) for u in self.units))
+        object.__setattr__(self, "weights", Vector.of(self.weights))
+        object.__setattr__(self, "push", Vector.of(self.push))
+        object.__setattr__(self, "strength", float(self.strength))
+        if self.weights.shape != (len(self.units),):
+            raise ValueError(f"{len(self.units)} units need as many weights, got shape {self.weights.shape}")
 
-    return [(f"blocks.{layer}.mlp.hook_post", positionwise(read)), (f"blocks.{layer}.hook_mlp_out", positionwise(add))]
+    def hooks(self, model: HookedTransformer, source: PositionSource | None = None) -> Hooks:
+        check_layer(self.layer, model.cfg.n_layers)
+        idx = list(self.units)
+        weights = self.weights.tensor(model.cfg.dtype, model.cfg.device)
+        push = self.push.tensor(model.cfg.dtype, model.cfg.device)
+        strength = self.strength
+        seen: dict[str, Tensor] = {}
+
+        def read(act: Tensor, hook) -> Tensor:
+            seen["score"] = act[..., idx] @ weights.to(act)
+            return act
+
+        def add(act: Tensor, hook) -> Tensor:
+            return act + strength * seen.pop("score")[..., None] * push.to(act)
+
+        return [(f"blocks.{self.layer}.mlp.hook_post", positionwise(read)),
+                (f"blocks.{self.layer}.hook_mlp_out", positionwise(add))]
 
 
 def plant_unit_failure(model: HookedTransformer, layer: int, units: Sequence[int], weights: Float[Tensor, "k"],

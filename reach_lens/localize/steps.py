@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm import tqdm
 
-from reach_lens.hooks import Silence, Steer
+from reach_lens.interventions import Silence, Steer
 from reach_lens.localize.conditions import Conditions
 from reach_lens.localize.panels import ROLES
 from reach_lens.localize.verdict import component_name, margins, runner_ups, verdict

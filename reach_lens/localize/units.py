@@ -6,7 +6,8 @@ activation (``W_out[u]``, or an SAE latent's decoder row):
 - ``contribution`` (default): the mean contribution on the CALIBRATION failures, ``mean_i a_iu * (w_u · v̂)``, with
   ``a_iu`` the unit's activation at question i's last prompt token (where v is measured). A gated-SiLU unit can be
   negative there: then it pushes against v however well its weights point along it.
-- ``weights``: ``w_u · v̂`` alone (``hooks.top_units_along``), blind to the sign and size of the activations.
+- ``weights``: ``w_u · v̂`` alone (``unit_selection.top_units_along``), blind to the sign and size of the
+  activations.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm import tqdm
 
-from reach_lens.hooks import Latents, Silence, Units, check_layer, random_units, unit_output_mass
+from reach_lens.hooks import check_layer
+from reach_lens.interventions import Latents, Silence, Units
 from reach_lens.localize.activations import last_prompt_activations
 from reach_lens.localize.conditions import Conditions
 from reach_lens.localize.steps import silence_name
+from reach_lens.unit_selection import random_units, unit_output_mass
 
 UNIT_RANKS = ("contribution", "weights")
 UNIT_RANK_TEXT = {"contribution": "mean contribution on the calibration failures (activation at the last prompt "

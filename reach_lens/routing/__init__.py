@@ -1,7 +1,7 @@
 """Layer routes: action spaces, route searches under one budget, graded route candidates, a learned router.
 
 Routes run through the generation engine (`reach_lens.generate`, `probes.route`); a skip-only route is also
-an intervention (`hooks.Route`).
+an intervention (`interventions.Route`).
 """
 from reach_lens.routing.evaluate import (LearnedRouter, RouteEvaluator, RouterCell, known_candidates, make_search,
                                         random_route_candidates, router_routes, router_rows, search_rows)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import validate_route
+from reach_lens.routes import validate_route
 from reach_lens.probes import prompt_ids, question_seed, route
 from reach_lens.routing.local import RandomSearch, random_method
 from reach_lens.routing.router import cross_fit_router

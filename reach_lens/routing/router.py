@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import validate_route
+from reach_lens.routes import validate_route
 from reach_lens.routing.spaces import Path
 
 SKIP, KEEP, REPEAT = 0, 1, 2

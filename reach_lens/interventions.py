@@ -1,0 +1,371 @@
+"""Serializable interventions on a `HookedTransformer`, and the hooks they make.
+
+Every intervention is a frozen dataclass (an `Intervention`): `hooks(model, source=None)` makes its TransformerLens
+hooks (`reach_lens.hooks`), `to_dict()` / `from_dict()` turn it into plain JSON and back (what a run's protocol
+records), `vectors()` gives its vectors by content hash. The probes and the generation engine take interventions
+and build their hooks themselves; `hooks_for(interventions, model)` gives them for a forward of your own:
+
+    with model.hooks(fwd_hooks=hooks_for([Silence(20, "mlp"), Steer(12, v, -4.0)], model)):
+        logits = model(tokens)
+
+One convention for every intervention: where first, then what, then the mode, then its number.
+
+- **Where**: `layer`, the block, and `site`, the place the intervention acts on. `Silence.site` is the output of
+  block `layer` it replaces: "mlp" (`hook_mlp_out`), "attn" (`hook_attn_out`) or "layer" (both); `Steer.site` is
+  the hook point of block `layer` it adds at: "mlp_out", "attn_out", "resid_pre" or "resid_post"; `Latents.site`
+  (it has no layer) is the hook point its SAE is attached at, e.g. "blocks.3.hook_mlp_out". `Units` always act
+  at `blocks.{layer}.mlp.hook_post` and `Route` on whole layers, so they have no site.
+- **Mode words**: "zero" (replace by zeros), "mean" (replace by a mean), "keep" (zero all others), "scale"
+  (multiply by `factor`, which mode "scale" requires and the others refuse); `Steer` adds `alpha * v`.
+- **Vectors** are given as tensors (or arrays, or sequences) and recorded in protocols by their content hash;
+  the vectors themselves are saved beside the run (`RunStore`, `vectors/<sha256>.npy`).
+- **Positions**: hooks acting at chosen positions (`Steer(positions=...)`, a per-position `Silence` mean) read
+  each batch row's positions from `source`, the engine's `PositionSource`, when built with one, and otherwise
+  find them from the forward itself (a plain forward, TransformerLens's `generate`: `hooks.PositionTracker`).
+"""
+import hashlib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import ClassVar, Iterable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from reach_lens.hooks import (SILENCE_MODES, SILENCE_SITES, STEER_SITES, UNIT_MODES, Hooks, check_choice,
+                              positionwise, silence_hooks, steer_hooks, through_saes, unit_hooks)
+from reach_lens.positions import PositionSource
+from reach_lens.routes import is_skip_only, validate_route
+
+LATENT_MODES = ("zero", "scale")
+
+
+def _floats(x: Iterable[float]) -> tuple[float, ...]:
+    out = tuple(float(e) for e in x)
+    if not all(math.isfinite(e) for e in out):
+        raise ValueError(f"non-finite value in {out}")
+    return out
+
+
+def _integers(name: str, values: Iterable) -> tuple[int, ...]:
+    """Values that are integers (bools and floats such as 1.5 or 1.0 are refused), as a tuple of ints."""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must be integers, got {v!r} ({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
+
+
+def _layer(kind: str, layer: object) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+        raise TypeError(f"{kind}: layer {layer!r} must be an int")
+    return int(layer)
+
+
+def _factor(kind: str, mode: str, factor: object, what: str) -> Optional[float]:
+    """The factor of mode "scale", a finite float (required); None for the other modes (which refuse one)."""
+    if mode != "scale":
+        if factor is not None:
+            raise ValueError(f"{kind}: factor={factor!r} is only used with mode 'scale', not {mode!r}")
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.number)):
+        raise ValueError(f"{kind}: mode 'scale' needs a number factor (what the {what} are multiplied by), "
+                         f"got {factor!r}")
+    return _floats([factor])[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Vector:
+    """A read-only float64 vector or matrix of an intervention, equal and hashed by content (``sha256`` of its
+    shape and bytes). ``Vector.of`` takes a tensor, an array or (nested) sequences of numbers."""
+
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, x: Union["Vector", Tensor, np.ndarray, Sequence]) -> "Vector":
+        if isinstance(x, Vector):
+            return x
+        if isinstance(x, Tensor):
+            x = x.detach().to("cpu", torch.float64).numpy()
+        values = np.array(x, dtype=np.float64)
+        if values.ndim not in (1, 2) or values.size == 0:
+            raise ValueError(f"a vector must be 1-d ([d_model]) or 2-d ([pos, d_model]) and non-empty, got shape "
+                             f"{values.shape}")
+        if not np.isfinite(values).all():
+            raise ValueError("non-finite value in the vector")
+        values.setflags(write=False)
+        return cls(values)
+
+    @property
+    def sha256(self) -> str:
+        digest = hashlib.sha256(repr(self.values.shape).encode())
+        digest.update(np.ascontiguousarray(self.values).tobytes())
+        return digest.hexdigest()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    def tensor(self, dtype: torch.dtype, device) -> Tensor:
+        return torch.tensor(self.values, dtype=dtype, device=device)
+
+    def to_dict(self) -> dict:
+        """What a protocol records: ``{"sha256", "shape"}`` (the values go to the run's ``vectors/``)."""
+        return {"sha256": self.sha256, "shape": list(self.shape)}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vector) and self.sha256 == other.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        return f"Vector(shape={self.shape}, sha256={self.sha256[:12]})"
+
+
+def _vector_from_dict(value, vectors: "Mapping[str, np.ndarray] | Path | str | None", where: str) -> Vector:
+    """A vector field of a stored intervention: ``{"sha256", "shape"}`` looked up in ``vectors`` (a mapping or a run's
+    ``vectors/`` directory), or the values themselves (a list, as in records written before vectors were hashed)."""
+    if not isinstance(value, dict):
+        return Vector.of(value)
+    sha = value.get("sha256")
+    found = None
+    if isinstance(vectors, (str, Path)):
+        path = Path(vectors) / f"{sha}.npy"
+        found = np.load(path) if path.is_file() else None
+    elif vectors is not None:
+        found = vectors.get(sha)
+    if found is None:
+        raise ValueError(f"{where} is recorded by its hash sha256={sha}: pass vectors= (a mapping, or the run "
+                         "directory's vectors/ folder, which holds it)")
+    vector = Vector.of(found)
+    if vector.sha256 != sha:
+        raise ValueError(f"{where}: the vector found for sha256={sha} hashes to {vector.sha256}")
+    return vector
+
+
+class Intervention(ABC):
+    """What every intervention is: a frozen dataclass with a `kind`, its hooks, and its JSON form.
+
+    Subclass it (as a frozen dataclass) for an intervention of your own: the probes and the engine run any.
+    `vector_fields` name its `Vector` fields (recorded by hash)."""
+
+    kind: ClassVar[str]
+    vector_fields: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        """Its TransformerLens hooks on `model`; positioned ones read positions from `source` when given (the
+        engine's), else from the forward itself (module docstring)."""
+
+    def to_dict(self) -> dict:
+        """Plain JSON: `kind`, then every field (vectors by hash: `Vector.to_dict`)."""
+        out = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, Vector) else _jsonable(value)
+        return out
+
+    def vectors(self) -> dict[str, np.ndarray]:
+        """The vectors of this intervention by their sha256 (what `to_dict` records by hash)."""
+        return {v.sha256: v.values for f in fields(self) if isinstance(v := getattr(self, f.name), Vector)}
+
+    @classmethod
+    def from_dict(cls, d: dict, vectors: Mapping[str, np.ndarray] | Path | str | None = None):
+        """The intervention of `d` (its `to_dict()`); vectors recorded by hash are read from `vectors`."""
+        if d.get("kind") != cls.kind:
+            raise ValueError(f"kind {d.get('kind')!r} is not {cls.kind!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names - {"kind"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)} for {cls.kind}; valid: {sorted(names)}")
+        values = {k: _tupled(v) for k, v in d.items() if k != "kind"}
+        for name in cls.vector_fields:
+            if values.get(name) is not None:
+                values[name] = _vector_from_dict(d[name], vectors, f"{cls.kind}.{name}")
+        return cls(**values)
+
+
+def _jsonable(x):
+    return [_jsonable(e) for e in x] if isinstance(x, tuple) else x
+
+
+def _tupled(x):
+    return tuple(_tupled(e) for e in x) if isinstance(x, list) else x
+
+
+@dataclass(frozen=True)
+class Silence(Intervention):
+    """Replace what the "mlp", the "attn" or the whole "layer" (`site`) of `layer` adds to the residual stream: by
+    zeros (mode "zero") or by `mean` (mode "mean": [d_model], or [pos, d_model] by absolute position); see
+    `hooks.silence_hooks`."""
+
+    layer: int
+    site: str = "mlp"
+    mode: str = "zero"
+    mean: Optional[Vector] = None
+    kind: ClassVar[str] = "silence"
+    vector_fields: ClassVar[tuple[str, ...]] = ("mean",)
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer", _layer("Silence", self.layer))
+        check_choice("site", self.site, tuple(SILENCE_SITES))
+        check_choice("mode", self.mode, SILENCE_MODES)
+        if self.mean is not None:
+            object.__setattr__(self, "mean", Vector.of(self.mean))
+
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        mean = None if self.mean is None else self.mean.tensor(model.cfg.dtype, model.cfg.device)
+        return silence_hooks(model, self.layer, self.site, self.mode, mean, source)
+
+
+@dataclass(frozen=True)
+class Steer(Intervention):
+    """Add `alpha * v` at `blocks.{layer}.hook_{site}`, at every position or at `positions` (negative: from the
+    prompt's end); `v` is a [d_model] tensor (or array, or sequence); see `hooks.steer_hooks`."""
+
+    layer: int
+    v: Vector
+    alpha: float
+    site: str = "mlp_out"
+    positions: Optional[tuple[int, ...]] = None
+    kind: ClassVar[str] = "steer"
+    vector_fields: ClassVar[tuple[str, ...]] = ("v",)
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer", _layer("Steer", self.layer))
+        check_choice("site", self.site, STEER_SITES)
+        object.__setattr__(self, "v", Vector.of(self.v))
+        if len(self.v.shape) != 1:
+            raise ValueError(f"Steer: v of shape {self.v.shape}; expected one [d_model] vector")
+        object.__setattr__(self, "alpha", _floats([self.alpha])[0])
+        if self.positions is not None:
+            object.__setattr__(self, "positions", _integers("positions", self.positions))
+
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        return steer_hooks(model, self.layer, self.v.tensor(model.cfg.dtype, model.cfg.device), self.alpha, self.site,
+                           self.positions, source)
+
+
+@dataclass(frozen=True)
+class Units(Intervention):
+    """MLP hidden units of `layer` (`blocks.{layer}.mlp.hook_post`): keep only them (mode "keep": zero all others),
+    zero them ("zero") or multiply them by `factor` ("scale", which requires it); see `hooks.unit_hooks`."""
+
+    layer: int
+    units: tuple[int, ...]
+    mode: str = "keep"
+    factor: Optional[float] = None
+    kind: ClassVar[str] = "units"
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer", _layer("Units", self.layer))
+        check_choice("mode", self.mode, UNIT_MODES)
+        object.__setattr__(self, "units", _integers("units", self.units))
+        object.__setattr__(self, "factor", _factor("Units", self.mode, self.factor, "units' activations"))
+
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        return unit_hooks(model, self.layer, self.units, self.mode, self.factor)
+
+
+@dataclass(frozen=True)
+class Latents(Intervention):
+    """Zero SAE latents (mode "zero"), or multiply them by `factor` (mode "scale", which requires it), at the latent
+    activations (`hook_sae_acts_post`, [batch, pos, d_sae]) of the SAE that a SAELens `HookedSAETransformer` has
+    attached at `site` (the SAE's `cfg.metadata.hook_name`, e.g. "blocks.3.hook_mlp_out"; for a transcoder, its
+    input hook).
+
+    The hook acts between the SAE's encoder and decoder: latent i then writes `factor * a_i * W_dec[i]` (nothing
+    when zeroed) instead of `a_i * W_dec[i]`, and no other latent changes (a TopK SAE has chosen its latents
+    before the hook). With the SAE attached with `use_error_term=True`, SAELens adds the error of the unhooked
+    reconstruction, so what flows on changes by exactly those latents' change. Latent ids are checked against
+    the SAE's `d_sae` when the hooks are built (`reach_lens.sae` loads and attaches SAEs).
+    """
+
+    site: str
+    latent_ids: tuple[int, ...]
+    mode: str = "zero"
+    factor: Optional[float] = None
+    kind: ClassVar[str] = "latents"
+
+    def __post_init__(self):
+        site = self.site
+        if not isinstance(site, str) or not site:
+            raise ValueError(f"site {site!r}: expected the hook an SAE is attached at, e.g. 'blocks.3.hook_mlp_out'")
+        if ".hook_sae_" in site:
+            raise ValueError(f"site {site!r} names one of the SAE's own hook points; pass the hook the SAE is "
+                             f"attached at: {site.split('.hook_sae_')[0]!r}")
+        ids = self.latent_ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise ValueError(f"latent_ids must be a sequence of integers, got {ids!r}")
+        ids = _integers("latent_ids", ids)
+        if not ids:
+            raise ValueError("latent_ids is empty: name at least one latent")
+        negative = [i for i in ids if i < 0]
+        if negative:
+            raise ValueError(f"latent id {negative[0]} out of range: latent ids are >= 0")
+        check_choice("mode", self.mode, LATENT_MODES)
+        object.__setattr__(self, "latent_ids", ids)
+        object.__setattr__(self, "factor", _factor("Latents", self.mode, self.factor, "latents' activations"))
+
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        saes = getattr(model, "acts_to_saes", None)  # sae_lens.HookedSAETransformer: {hook name: SAE}
+        if saes is None:
+            raise ValueError(f"Latents needs a sae_lens HookedSAETransformer with an SAE attached at "
+                             f"{self.site!r}, got a {type(model).__name__} (reach_lens.sae.attach makes one)")
+        sae = saes.get(self.site)
+        if sae is None:
+            raise ValueError(f"no SAE attached at {self.site!r}; attached: {', '.join(map(repr, saes)) or 'none'}")
+        d_sae = sae.cfg.d_sae
+        bad = [i for i in self.latent_ids if i >= d_sae]
+        if bad:
+            raise ValueError(f"latent id {bad[0]} out of range for the SAE at {self.site!r} with "
+                             f"d_sae={d_sae} (0..{d_sae - 1})")
+        factors = torch.ones(d_sae)
+        factors[list(self.latent_ids)] = 0.0 if self.mode == "zero" else self.factor
+        name = f"{sae.cfg.metadata.hook_name_out or self.site}.hook_sae_acts_post"
+        return [(name, positionwise(lambda act, hook: act * factors.to(act)))]
+
+
+@dataclass(frozen=True)
+class Route(Intervention):
+    """Run only the layers of `path`. As hooks only skip-only routes work (each skipped layer silenced); the
+    generation engine runs any route (`Request(route=path)`, `probes.route`)."""
+
+    path: tuple[int, ...]
+    kind: ClassVar[str] = "route"
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", tuple(self.path))
+
+    def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
+        n_layers = model.cfg.n_layers
+        path = validate_route(self.path, n_layers)
+        if not is_skip_only(path):
+            raise ValueError(f"route {list(path)} repeats or reorders layers: as hooks only skips work; run it "
+                             "through the engine (reach_lens.generate.Request(route=...), probes.route)")
+        return [h for layer in range(n_layers) if layer not in path for h in silence_hooks(model, layer, "layer")]
+
+
+KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Latents, Route)}
+
+
+def intervention_from_dict(d: dict, vectors: Mapping[str, np.ndarray] | Path | str | None = None) -> Intervention:
+    """Rebuild any intervention of `KINDS` from its `to_dict()`, dispatching on d["kind"]; vectors recorded by hash
+    are read from ``vectors`` (a mapping by sha256, or a run directory's ``vectors/`` folder)."""
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"unknown intervention kind {kind!r}; valid: {', '.join(map(repr, KINDS))}")
+    return KINDS[kind].from_dict(d, vectors)
+
+
+def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer,
+              source: Optional[PositionSource] = None) -> Hooks:
+    """All hooks of `interventions`, concatenated in order (`hooks.through_saes` on a model with SAEs attached);
+    `source`: the engine's `PositionSource` (None outside the engine)."""
+    return through_saes([h for iv in interventions for h in iv.hooks(model, source)], model)
