@@ -1,5 +1,8 @@
 """reach_lens: realized versus reachable, question by question, on TransformerLens HookedTransformers.
 
+What a user composes is exported here; the engine (``reach_lens.generate``), the run stores' internals and the
+study helpers live in their modules.
+
     from reach_lens import load_model, get_task, deploy, sample, Silence
     model = load_model()                                  # the embedded SmolLM2-135M-Instruct
     task = get_task("arc_easy")
@@ -13,15 +16,18 @@ from reach_lens.wheels import hide_broken_wheels
 hide_broken_wheels()  # before transformers is imported: see reach_lens.wheels
 
 from reach_lens.audit import reach_curve, summarize
-from reach_lens.generate import Engine, Generation, Request, engine_for
 from reach_lens.interventions import Latents, Route, Silence, Steer, Units, hooks_for, intervention_from_dict
-from reach_lens.models import encode, load_model, model_fingerprint, prune_magnitude
+from reach_lens.models import load_model, prune_magnitude
 from reach_lens.probes import deploy, recognize, route, sample
 from reach_lens.protocol import Protocol
+from reach_lens.records import record_table
+from reach_lens.runs import RunLoop
+from reach_lens.select import majority_vote
+from reach_lens.stats import guessing_floor, wilson_interval
 from reach_lens.store import RunStore
 from reach_lens.tasks import TASK_NAMES, get_task, subsample
 
-__all__ = ["Engine", "Generation", "Latents", "Protocol", "Request", "Route", "RunStore", "Silence", "Steer", "TASK_NAMES",
-           "Units", "deploy", "encode", "engine_for", "get_task", "hooks_for", "intervention_from_dict",
-           "load_model", "model_fingerprint", "prune_magnitude", "reach_curve", "recognize", "route", "sample",
-           "subsample", "summarize"]
+__all__ = ["Latents", "Protocol", "Route", "RunLoop", "RunStore", "Silence", "Steer", "TASK_NAMES", "Units",
+           "__version__", "deploy", "get_task", "guessing_floor", "hooks_for", "intervention_from_dict", "load_model",
+           "majority_vote", "prune_magnitude", "reach_curve", "recognize", "record_table", "route", "sample",
+           "subsample", "summarize", "wilson_interval"]

@@ -334,22 +334,23 @@ class Latents(Intervention):
 
 @dataclass(frozen=True)
 class Route(Intervention):
-    """Run only the layers of `path`. As hooks only skip-only routes work (each skipped layer silenced); the
-    generation engine runs any route (`Request(route=path)`, `probes.route`)."""
+    """Run only `layers`, in order: the route (the full path is every layer once). As hooks only skip-only routes
+    work (each skipped layer silenced); the generation engine runs any route (`Request(route=layers)`,
+    `probes.route`)."""
 
-    path: tuple[int, ...]
+    layers: tuple[int, ...]
     kind: ClassVar[str] = "route"
 
     def __post_init__(self):
-        object.__setattr__(self, "path", tuple(self.path))
+        object.__setattr__(self, "layers", tuple(self.layers))
 
     def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
         n_layers = model.cfg.n_layers
-        path = validate_route(self.path, n_layers)
-        if not is_skip_only(path):
-            raise ValueError(f"route {list(path)} repeats or reorders layers: as hooks only skips work; run it "
+        layers = validate_route(self.layers, n_layers)
+        if not is_skip_only(layers):
+            raise ValueError(f"route {list(layers)} repeats or reorders layers: as hooks only skips work; run it "
                              "through the engine (reach_lens.generate.Request(route=...), probes.route)")
-        return [h for layer in range(n_layers) if layer not in path for h in silence_hooks(model, layer, "layer")]
+        return [h for layer in range(n_layers) if layer not in layers for h in silence_hooks(model, layer, "layer")]
 
 
 KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Latents, Route)}

@@ -364,7 +364,7 @@ def test_to_dict_is_plain_json_with_vectors_by_content_hash(tmp_path):
     assert Silence(2, "attn").to_dict() == {"kind": "silence", "layer": 2, "site": "attn", "mode": "zero", "mean": None}
     assert Latents("blocks.1.hook_mlp_out", (7,)).to_dict() == {"kind": "latents", "site": "blocks.1.hook_mlp_out",
                                                                "latent_ids": [7], "mode": "zero", "factor": None}
-    assert Route((0, 2)).to_dict() == {"kind": "route", "path": [0, 2]}
+    assert Route((0, 2)).to_dict() == {"kind": "route", "layers": [0, 2]}
     with pytest.raises(ValueError, match=f"steer.v is recorded by its hash sha256={sha}: pass vectors="):
         intervention_from_dict(steer.to_dict())
     # a run stores the vectors its protocol records by hash, and they rebuild the intervention

@@ -3,15 +3,13 @@
 Routes run through the generation engine (`reach_lens.generate`, `probes.route`); a skip-only route is also
 an intervention (`interventions.Route`).
 """
-from reach_lens.routing.evaluate import (LearnedRouter, RouteEvaluator, RouterCell, known_candidates, make_search,
-                                        random_route_candidates, router_routes, router_rows, search_rows)
+from reach_lens.routing.evaluate import (METHODS, LearnedRouter, RouteEvaluator, RouterCell, known_candidates,
+                                        make_search, random_route_candidates, router_routes, router_rows, search_rows)
 from reach_lens.routing.local import Genetic, HillClimb, RandomSearch, random_method
 from reach_lens.routing.mcts import MCTS
 from reach_lens.routing.router import LayerRouter, cross_fit_router, cross_fit_routes, prompt_features
 from reach_lens.routing.search import Search, SearchTrace, run_searches
 from reach_lens.routing.spaces import ROUTE_LAWS, SPACES, ActionSpace, Path, Segments, SkipOnly, SkipRepeat, make_space
-
-METHODS: dict[str, type[Search]] = {cls.name: cls for cls in (RandomSearch, MCTS, HillClimb, Genetic)}
 
 __all__ = ["ActionSpace", "Path", "SkipOnly", "SkipRepeat", "Segments", "SPACES", "ROUTE_LAWS", "make_space",
            "Search", "SearchTrace", "run_searches", "RandomSearch", "random_method", "MCTS", "HillClimb", "Genetic", "METHODS",

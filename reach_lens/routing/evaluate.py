@@ -28,7 +28,8 @@ from transformer_lens import HookedTransformer
 
 from reach_lens.routes import validate_route
 from reach_lens.probes import prompt_ids, question_seed, route
-from reach_lens.routing.local import RandomSearch, random_method
+from reach_lens.routing.local import Genetic, HillClimb, RandomSearch, random_method
+from reach_lens.routing.mcts import MCTS
 from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn, Search, run_searches
 from reach_lens.routing.spaces import ActionSpace, Path, make_space
@@ -92,11 +93,12 @@ def _calls(by_question: Mapping[int, Sequence[Path]], limit: int) -> list[list[i
     return calls
 
 
+METHODS: dict[str, type[Search]] = {cls.name: cls for cls in (RandomSearch, MCTS, HillClimb, Genetic)}
+
+
 def make_search(method: str, space: ActionSpace, K: int, seed: int, random_routes: str = "geometric") -> Search:
     """A search of `method` ("random", "mcts", "hill_climb", "genetic") over `space` with budget K; `random_routes`
     is the law of the random search's routes ("geometric" or "uniform"), the structured searches ignore it."""
-    from reach_lens.routing import METHODS
-
     if method not in METHODS:
         raise ValueError(f"search method {method!r} unknown; valid: {', '.join(map(repr, METHODS))}")
     if method == "random":
