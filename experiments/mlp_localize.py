@@ -24,8 +24,8 @@ Recipe (each condition's per-question answers are stored as computed; a rerun co
     repair (``--units sae --sae PATH``: the latents of a SAELens SAE at an MLP output instead of the MLP's units).
 
 Cost: the selection sweep (2 components x 30 layers on <= 32 + 32 calibration questions) is most of the run; the
-whole layer is silenced only at the identified layer (the paper's component control), not swept. The default run
-takes about 11 minutes on a 2-core CPU (2 threads), decoding 64 rows at a time (``--batch-size``).
+whole layer is silenced only at the identified layer (the paper's component control), not swept; conditions
+decode 64 rows at a time (``--batch-size``). Its time on a 2-core CPU is in docs/results.md.
 """
 
 from __future__ import annotations
@@ -98,17 +98,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load_unit_sae(path, model):
     """The SAE of ``--sae``, checked before any work: it must read an MLP output of this model."""
     try:
-        from reach_lens.sae import load_sae
-    except ImportError as e:
+        from reach_lens.sae import load_mlp_sae
+
+        return load_mlp_sae(path, model)
+    except (ImportError, ValueError) as e:
         raise UserError(str(e)) from None
-    sae = load_sae(path, device=str(model.cfg.device))
-    hook = sae.cfg.metadata.hook_name
-    parts = hook.split(".")
-    if len(parts) != 3 or parts[0] != "blocks" or parts[2] != "hook_mlp_out" or not parts[1].isdigit() \
-            or not 0 <= int(parts[1]) < model.cfg.n_layers or sae.cfg.d_in != model.cfg.d_model:
-        raise UserError(f"SAE at {path}: hook {hook!r}, d_in {sae.cfg.d_in}; expected 'blocks.L.hook_mlp_out' with "
-                         f"L in 0..{model.cfg.n_layers - 1} and d_in = d_model = {model.cfg.d_model}")
-    return sae
 
 
 def main(argv=None) -> int:
@@ -156,10 +150,10 @@ def main(argv=None) -> int:
         base = screen(model, store, "screen_base", recognize="generated")  # the pool needs both
         try:
             pool, base_correct = localize.control_pool(model, task, questions, base, args.fmt, plant_layer, store,
-                                                       args.batch_size, say)
+                                                       args.batch_size)
             model, planted = localize.plant_control(plant, model, task, pool, args.fmt, plant_layer, store,
                                                     units_k=args.planted_k, share=args.planted_share,
-                                                    strength=args.planted_strength, batch_size=args.batch_size, log=say)
+                                                    strength=args.planted_strength, batch_size=args.batch_size)
         except ValueError as e:
             raise UserError(str(e)) from None
         planted["base_correct"], questions = base_correct, pool

@@ -7,10 +7,9 @@
 
 Default grid: the embedded SmolLM2-135M-Instruct x (SQuAD, zero-shot text with its passage; ARC-Easy, chat
 format, read against its guessing floor) in Dr.LLM's skip/repeat space, random routes under both laws against
-MCTS, n = 30 questions per cell, K = 16 distinct routes per search. It is sized to what a question costs here:
-a route recomputes the prompt from its first edited layer on, so each SQuAD question (~230 prompt tokens) pays
-its passage again for every one of its distinct routes, about 2 s each on a 2-core CPU (K = 32 over four
-searches was ~110 routes and ~4 min per question); docs/results.md has the measured time. `--full-grid` adds
+MCTS, n = 30 questions per cell, K = 16 distinct routes per search. It is sized to what a question costs: a
+route recomputes the prompt from its first edited layer on, so each SQuAD question (~230 prompt tokens) pays its
+passage again for every one of its distinct routes (docs/results.md has the measured time). `--full-grid` adds
 the magnitude-pruned copy, ARC-Challenge and PIQA, the skip and segments spaces, hill climbing and the genetic
 search (the grid of the earlier multiple-choice runs); `--K 64 --methods random mcts hill_climb` is the larger
 budget.

@@ -65,6 +65,19 @@ def load_sae(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | N
     return SAE.load_from_disk(path, device=device, dtype=dtype).eval()
 
 
+def load_mlp_sae(path: str | Path, model: HookedTransformer) -> SAE:
+    """The SAE at ``path`` on ``model``'s device, refused (ValueError) unless it reads an MLP output of ``model``:
+    its hook ``blocks.L.hook_mlp_out`` with L a layer of the model, its ``d_in`` the model's ``d_model``."""
+    sae = load_sae(path, device=str(model.cfg.device))
+    hook = sae.cfg.metadata.hook_name
+    parts = hook.split(".")
+    if len(parts) != 3 or parts[0] != "blocks" or parts[2] != "hook_mlp_out" or not parts[1].isdigit() \
+            or not 0 <= int(parts[1]) < model.cfg.n_layers or sae.cfg.d_in != model.cfg.d_model:
+        raise ValueError(f"SAE at {path}: hook {hook!r}, d_in {sae.cfg.d_in}; expected 'blocks.L.hook_mlp_out' with "
+                         f"L in 0..{model.cfg.n_layers - 1} and d_in = d_model = {model.cfg.d_model}")
+    return sae
+
+
 def to_sae_transformer(model: HookedTransformer, share_weights: bool = False) -> HookedSAETransformer:
     """``model`` as a SAELens ``HookedSAETransformer``: same config, tokenizer, parameters and buffers (each
     tensor's storage layout kept), so the logits are exactly equal. A ``HookedSAETransformer`` is returned as is.

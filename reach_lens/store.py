@@ -174,7 +174,7 @@ class RunStore:
     @property
     def vectors_dir(self) -> Path:
         """``<root>/vectors``: the interventions' vectors the protocol records by hash, as ``<sha256>.npy``
-        (``hooks.intervention_from_dict(d, vectors=store.vectors_dir)`` rebuilds an intervention)."""
+        (``interventions.intervention_from_dict(d, vectors=store.vectors_dir)`` rebuilds an intervention)."""
         return self.root / VECTORS
 
     def _save_vectors(self, vectors: dict[str, np.ndarray]) -> None:

@@ -43,8 +43,7 @@ from reach_lens.positions import PositionSource
 
 PADDING_WASTE = 0.25  # a right-padded prefill batch computes at most this share of its real tokens again as padding
 # attention scores (prompts x heads x queries x keys) of one prefill block call, at most (unless one prompt alone
-# has more): 16 MB in float32. Larger batches ran slower per token on the CPU, not faster (SQuAD 5-shot prompts,
-# 200-350 own tokens after ~1,000 shared ones: 2^24 took 1.4x the time of 2^22, scores and softmax out of cache)
+# has more): 16 MB in float32, which keeps the scores and their softmax in cache (docs/engines.md)
 SCORES_BUDGET = 1 << 22
 
 Path = tuple[int, ...]
