@@ -333,7 +333,7 @@ interventions = st.one_of(
     st.builds(Latents, site=st.just("blocks.1.hook_mlp_out"),
               latent_ids=st.lists(st.integers(0, 5000), min_size=1, max_size=8).map(tuple), mode=st.just("scale"),
               factor=floats),
-    st.builds(Route, path=st.lists(st.integers(0, 80), min_size=1, max_size=10).map(tuple)),
+    st.builds(Route, layers=st.lists(st.integers(0, 80), min_size=1, max_size=10).map(tuple)),
 )
 
 

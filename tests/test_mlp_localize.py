@@ -7,6 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from reach_lens.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("screen", "panels", "layer_sweep", "evaluation", "margins", "steering", "units")
 
@@ -112,7 +114,7 @@ def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monke
     monkeypatch.setattr(localize.Conditions, "answer", lambda *a: pytest.fail("an intervention ran"))
     args = small_args(tmp_path)
     args[args.index("--n") + 1] = "12"
-    with pytest.raises(SystemExit, match=r"healthy calibration: 0; healthy evaluation: 0"):
+    with pytest.raises(UserError, match=r"healthy calibration: 0; healthy evaluation: 0"):
         script.main(args)
 
 
