@@ -135,8 +135,11 @@ def main(argv=None) -> int:
     questions = subsample(audit_side, args.n, args.seed)
     from reach_lens.rlvr.train import default_checkpoints, read_metadata, training_ids
 
+    # the default checkpoints are those train_rlvr.py makes by default on this device (float32 training on the
+    # CPU), whatever --dtype the audit's engine runs in (vLLM's default on the CPU is bfloat16)
+    trained_in = str(cli.resolve_dtype("auto", args.device)).removeprefix("torch.")
     trained = dict(args.checkpoints) if args.checkpoints else default_checkpoints(
-        args.model, args.task, args.fmt, args.salt, args.audit_share, args.dtype, args.source, args.device,
+        args.model, args.task, args.fmt, args.salt, args.audit_share, trained_in, args.source, args.device,
         train_missing=not args.no_train)
 
     for label, path in trained.items():
