@@ -56,8 +56,8 @@ def control_format(fmt: str, task: Any) -> str:
 def audit_checkpoint(loop: RunLoop, engine: Any, task: Any, questions: Sequence[Any],
                      protocols: Mapping[str, Protocol], run: Path, label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One checkpoint's records (greedy answer and samples in the main format) and its greedy answers in the
-    control format, computed only where the stores under ``run`` lack them: ``run/<fmt>/deployed``,
-    ``run/<fmt>/T<T>``, ``run/<control fmt>/deployed``."""
+    control format (``question_id`` and the candidate's keys), computed only where the stores under ``run`` lack
+    them: ``run/<fmt>/deployed``, ``run/<fmt>/T<T>``, ``run/<control fmt>/deployed``."""
     main, sampled, control = protocols["deployed"], protocols["sampled"], protocols["control"]
     deployed = loop.deployed(engine, task, questions, main.fmt, RunStore(run / main.fmt / "deployed", main),
                              desc=f"{label}: greedy ({main.fmt})")
@@ -68,7 +68,7 @@ def audit_checkpoint(loop: RunLoop, engine: Any, task: Any, questions: Sequence[
         desc=f"{label}: {sampled.K} samples ({main.fmt})")
     greedy_control = loop.deployed(engine, task, questions, control.fmt,
                                    RunStore(run / control.fmt / "deployed", control), desc=f"{label}: greedy ({control.fmt})")
-    return records, greedy_control
+    return records, greedy_control.reset_index()  # question_id a column, as in the records
 
 
 def mismatches(reference: Protocol, other: Protocol) -> list[str]:
