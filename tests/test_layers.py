@@ -83,6 +83,30 @@ def test_the_ground_floor_imports_nothing_above_it():
     assert graph["reach_lens.store"] <= {"reach_lens.errors", "reach_lens.protocol"}
 
 
+def test_records_are_data_that_audit_and_select_read():
+    graph = drawing()
+    assert not graph["reach_lens.records"] & {"reach_lens.select", "reach_lens.audit"}
+    assert not graph["reach_lens.audit"] & {"reach_lens.select", "reach_lens.records"}
+    assert "reach_lens.records" in graph["reach_lens.select"] and "reach_lens.audit" not in graph["reach_lens.select"]
+    from reach_lens import audit
+
+    assert not hasattr(audit, "make_record") and not hasattr(audit, "RECORD_COLUMNS")  # no re-export shims
+
+
+def test_stats_audit_census_fates_layers():
+    # stats knows nothing of records or studies; audit (one record table) sits below census and the RLVR fates,
+    # and the fates need no training stack (only audit and stats)
+    graph = drawing()
+    assert not graph["reach_lens.stats"]
+    assert not [m for m in graph["reach_lens.audit"] if m.startswith(("reach_lens.census", "reach_lens.rlvr"))]
+    assert graph["reach_lens.census"] == graph["reach_lens.rlvr.fates"] == {"reach_lens.audit", "reach_lens.stats"}
+    from reach_lens import audit
+
+    moved = ("fates", "fate_counts", "paired_change", "crossover", "hit_rate_bins", "census_cell", "meets_criterion",
+             "guesser_reach", "guessing_floor", "Rate", "repair_rate", "breakage_rate", "independence_baseline")
+    assert not [name for name in moved if hasattr(audit, name)]  # each lives in one place, no re-export shims
+
+
 def test_a_cycle_is_found_when_there_is_one():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None

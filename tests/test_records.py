@@ -1,7 +1,5 @@
 """Records as data: the one candidate builder (from a Generation) and make_record with the caller's vote."""
-import ast
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +9,6 @@ from reach_lens.records import CANDIDATE_KEYS, RECORD_COLUMNS, candidate, make_r
 from reach_lens.select import majority_vote
 from reach_lens.tasks import Graded, Question
 
-PACKAGE = Path(__file__).resolve().parents[1] / "reach_lens"
 Q = Question("q7", "2+3?", "5")
 
 
@@ -146,45 +143,6 @@ def test_make_record_rejects_inconsistent_input():
         make_record("q", "5", deployed("5", True), [cand(5)], 0)
     with pytest.raises(ValueError, match="mean_logprob must be finite"):
         make_record("q", "5", deployed("5", True), [cand("5", lp=math.nan)], 0)
-
-
-# ---- module dependencies: records are data that audit and select read; audit no longer imports select
-
-
-def _imports(module: str) -> set[str]:
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return {m for m in out if m.startswith("reach_lens")}
-
-
-def test_records_audit_select_dependencies():
-    assert not any(m.startswith(("reach_lens.select", "reach_lens.audit")) for m in _imports("records"))
-    assert not any(m.startswith(("reach_lens.select", "reach_lens.records.make_record")) for m in _imports("audit"))
-    assert "reach_lens.records" in _imports("select")
-    assert not any(m.startswith("reach_lens.audit") for m in _imports("select"))
-    from reach_lens import audit
-
-    assert not hasattr(audit, "make_record") and not hasattr(audit, "RECORD_COLUMNS")  # no re-export shims
-
-
-def test_stats_audit_census_fates_layers():
-    # stats knows nothing of records or studies; audit (one record table) sits below census and the RLVR fates,
-    # and the fates need no training stack (only audit and stats)
-    assert not _imports("stats")
-    assert not any(m.startswith(("reach_lens.census", "reach_lens.rlvr")) for m in _imports("audit"))
-    assert {m.split(".")[1] for m in _imports("census")} == {"audit", "stats"}
-    assert {m.split(".")[1] for m in _imports("rlvr/fates")} == {"audit", "stats"}
-    from reach_lens import audit
-
-    moved = ("fates", "fate_counts", "paired_change", "crossover", "hit_rate_bins", "census_cell", "meets_criterion",
-             "guesser_reach", "guessing_floor", "Rate", "repair_rate", "breakage_rate", "independence_baseline")
-    assert not [name for name in moved if hasattr(audit, name)]  # each lives in one place, no re-export shims
 
 
 def test_record_table_and_candidate_frame_of_a_probe_run():
