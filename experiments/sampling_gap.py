@@ -9,8 +9,9 @@ and Figure 3b).
 Each cell's runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (deployed/, T<T>/), with its table at
 --T, the sweep over --temperatures and the reach curve in a summary-T<T>-<hash>/ directory named by the protocols
 they come from. Table 2 (table2.csv: every cell's D, vote@K, O_K and gaps with 95% intervals, and for multiple
-choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against) and its figure go to
-<out>/summary-table2-<hash>/ and --figures. The oracle uses the gold answer after generation: a diagnostic of what
+choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against), gap_curves.csv (every
+cell's O_k - D for k = 1..K with a paired bootstrap band) and their figures go to <out>/summary-table2-<hash>/ and
+--figures. The oracle uses the gold answer after generation: a diagnostic of what
 is reachable, never a deployable selector. Samples come from `probes.sample` with the study seed, so every study
 draws the same samples of a question at a given T.
 """
@@ -49,9 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def run_cell(model, task, questions, args, loop) -> tuple[dict, list[Protocol]]:
-    """One model x task cell: resumable greedy and sampled runs, its own summary, and its Table 2 row. ``model``
-    is a HookedTransformer or a hook-free engine (``--engine``)."""
+def run_cell(model, task, questions, args, loop) -> tuple[dict, pd.DataFrame, list[Protocol]]:
+    """One model x task cell: resumable greedy and sampled runs, its own summary, its Table 2 row and its gap
+    curve O_k - D over k. ``model`` is a HookedTransformer or a hook-free engine (``--engine``)."""
     fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer)
     deploy = Protocol.of(study="sampling_gap", facts=engine_for(model).describe(), task=task, questions=questions,
                          source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
@@ -73,8 +74,11 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, list[Protocol]]:
            "guess_deployed": r.guess_D, "guess_oracle": r.guess_O}
     curve = audit.reach_curve(records[args.T], seed=args.seed)
     curve["guess"] = stats.guessing_floor(options, curve["k"])
+    gap = audit.gap_curve(records[args.T], seed=args.seed).assign(
+        cell=f"{task.name} ({name})", guess_gap=curve["guess"] - r.D)
     out = summary_dir(run, [deploy, *sample.values()], name=f"summary-T{args.T:g}")
-    for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve)):
+    for file, df in (("table", pd.DataFrame([row])), ("temperature_sweep", sweep), ("reach_curve", curve),
+                     ("gap_curve", gap)):
         df.to_csv(out / f"{file}.csv", index=False)
     publish(args.figures, {
         out / f"sampling_gap_reach_{tag}-T{args.T:g}.png": plots.plot_reach_curve(
@@ -82,7 +86,7 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, list[Protocol]]:
         out / f"sampling_gap_temperature_{tag}.png": plots.plot_temperature_gap(
             sweep, title=f"Selection gap vs T, {name} on {task.name}")})
     SAY(f"{name} x {task.name}: tables in {out}")
-    return row, [deploy, *sample.values()]
+    return row, gap, [deploy, *sample.values()]
 
 
 def main(argv=None) -> int:
@@ -91,20 +95,25 @@ def main(argv=None) -> int:
     tasks = [get_task(t) for t in args.tasks]
     check_formats(args.fmt, tasks)
     question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
-    rows, protocols = [], []
+    rows, gaps, protocols = [], [], []
     for model_name in args.models:
         model = cli.load_engine(args, model_name)
         for task, questions in zip(tasks, question_sets):
-            row, used = run_cell(model, task, questions, args, loop)
+            row, gap, used = run_cell(model, task, questions, args, loop)
             rows.append(row)
+            gaps.append(gap)
             protocols += used
         engine_for(model).close()
         del model
     table = pd.DataFrame(rows)
     out = summary_dir(args.out, protocols, name="summary-table2")
+    gaps = pd.concat(gaps, ignore_index=True)
     table.to_csv(out / "table2.csv", index=False)
-    publish(args.figures,
-                {out / f"sampling_gap_table2_n{args.n}-K{args.K}-T{args.T:g}.png": plots.plot_gap_table(table)})
+    gaps.to_csv(out / "gap_curves.csv", index=False)
+    tag = f"n{args.n}-K{args.K}-T{args.T:g}"
+    publish(args.figures, {
+        out / f"sampling_gap_table2_{tag}.png": plots.plot_gap_table(table),
+        out / f"sampling_gap_over_k_{tag}.png": plots.plot_gap_curves(gaps, title=f"O_k - D over k, T = {args.T:g}")})
 
     print(f"Table 2: n={args.n} per cell, K={args.K}, T={args.T:g} (95% Wilson intervals; gaps: paired bootstrap; "
           "guess: a uniform guesser over the options)")

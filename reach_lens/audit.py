@@ -1,5 +1,5 @@
 """The per-question audit of one record table: D, vote@K, O_K and their gaps with 95% intervals (`summarize`),
-reach@k curves, temperature sweeps and the sampling-gap table's row.
+reach@k curves and the gap O_k - D over k, temperature sweeps and the sampling-gap table's row.
 
 The records themselves (their columns, and the one place that builds them) are ``reach_lens.records``:
 one row per question with d (deployed correct), K, hits, o (some candidate correct), format_failures,
@@ -54,6 +54,21 @@ def reach_curve(records: pd.DataFrame, ks: Sequence[int] | None = None, n_boot: 
         raise ValueError(f"ks {bad or ks} out of range 1..{K}")
     mean, lo, hi = curve_band(pass_at_ks(records["hits"], K, ks), n_boot=n_boot, seed=seed)
     return pd.DataFrame({"k": ks, "reach": mean, "lo": lo, "hi": hi, "n": n, "K": K})
+
+
+def gap_curve(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The sampling gap as a function of the budget: reach@k - D for k = 1..K, with a 95% paired bootstrap band
+    (each question's pass@k minus its own deployed correctness d, one resample of questions shared by every k).
+
+    Returns columns k, gap, lo, hi, n, K. gap at k = K equals `summarize`'s gap (O_K - D); at k = 1 it is the mean
+    hit rate minus D, negative where one sample says less than the greedy answer.
+    """
+    require_columns(records, ("K", "hits", "d"))
+    K, n = single_K(records), len(records)
+    ks = list(range(1, K + 1))
+    d = records["d"].to_numpy(dtype=np.float64)[:, None]
+    mean, lo, hi = curve_band(pass_at_ks(records["hits"], K, ks) - d, n_boot=n_boot, seed=seed)
+    return pd.DataFrame({"k": ks, "gap": mean, "lo": lo, "hi": hi, "n": n, "K": K})
 
 
 def summarize(records: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach_lens.audit import reach_curve, summarize
+from reach_lens.audit import gap_curve, reach_curve, summarize
 from reach_lens.rlvr.fates import (REACHABILITY_FATES, REALIZATION_FATES, fate_counts, fates,
                                    realization_by_hit_rate_bin)
 from reach_lens.stats import bootstrap_ci, breakage_rate, pass_at_k, repair_rate, wilson_interval
@@ -94,6 +94,18 @@ def test_reach_curve_endpoints_and_band():
     assert list(reach_curve(recs, ks=[4, 2, 2], n_boot=10)["k"]) == [2, 4]
     with pytest.raises(ValueError, match=r"ks \[5\] out of range 1..4"):
         reach_curve(recs, ks=[1, 5])
+
+
+def test_gap_curve_by_hand_ends_at_summarize_gap():
+    recs = _table([("a", 0, 0), ("b", 1, 4), ("c", 0, 1), ("d", 1, 2), ("e", 1, 0)], K=4)
+    g = gap_curve(recs, n_boot=500, seed=1)
+    assert list(g["k"]) == [1, 2, 3, 4] and set(g["n"]) == {5} and set(g["K"]) == {4}
+    # k = 1: hit rates 0, 1, 1/4, 1/2, 0 minus d 0, 1, 0, 1, 1; k = 2 for c: 1 - C(3,2)/C(4,2) = 1/2
+    assert g["gap"].iloc[0] == pytest.approx(np.mean([0, 0, 0.25, -0.5, -1]))
+    assert g["gap"].iloc[1] == pytest.approx(np.mean([0, 1, 0.5, 1 - 1 / 6, 0]) - 3 / 5)
+    assert g["gap"].iloc[-1] == pytest.approx(summarize(recs, n_boot=10)["gap"])  # O_K - D
+    assert np.all(g["lo"] <= g["gap"]) and np.all(g["gap"] <= g["hi"])
+    assert g["lo"].iloc[0] < 0  # paired: question e (said, never sampled) pulls the band below zero
 
 
 def test_summarize_values_and_intervals():

@@ -121,8 +121,11 @@ def test_sampling_gap_tables_are_the_stored_records(tiny):
     table2 = pd.read_csv(one(Path(common[5]).glob("summary-table2-*")) / "table2.csv").iloc[0]
     assert (table2.oracle, table2.deployed, table2.n) == pytest.approx((table.oracle, table.deployed, 6))
     assert table2.guess_deployed == pytest.approx(1 / 3) and table2.guess_oracle == pytest.approx(1 - (2 / 3) ** 4)
+    gaps = pd.read_csv(one(Path(common[5]).glob("summary-table2-*")) / "gap_curves.csv")
+    assert list(gaps.k) == [1, 2, 3, 4] and gaps.gap.iloc[-1] == pytest.approx(table.oracle - table.deployed)
+    assert gaps.guess_gap.iloc[0] == pytest.approx(1 / 3 - table.deployed)  # a guesser's one try, minus D
     figures = sorted(p.name for p in Path(common[7]).glob("*.png"))
-    assert len(figures) == 3 and sum(p.name in figures for p in out.glob("*.png")) == 2
+    assert len(figures) == 4 and sum(p.name in figures for p in out.glob("*.png")) == 2
 
 
 def test_sampling_gap_with_another_engine_records_it_and_keeps_its_runs_apart(tiny, letter_model, monkeypatch):

@@ -10,7 +10,7 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from conftest import legends_off_data
 
 from reach_lens import plots
-from reach_lens.audit import reach_curve, summarize
+from reach_lens.audit import gap_curve, reach_curve, summarize
 from reach_lens.stats import breakage_rate, repair_rate
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
@@ -84,6 +84,20 @@ def test_plot_reach_curve(tmp_path, drawn):
     ax = drawn["two.png"].axes[0]
     np.testing.assert_allclose(line(ax, "random").get_ydata(), curve.reach)
     np.testing.assert_allclose(line(ax, "mcts").get_ydata(), other.reach)
+
+
+def test_plot_gap_curves(tmp_path, drawn):
+    free = gap_curve(RECS, n_boot=100).assign(cell="squad", guess_gap=np.nan)
+    mc = gap_curve(_records([1] * 8, [1, 0] * 4), n_boot=100)
+    mc = mc.assign(cell="arc_easy", guess_gap=1 - 0.75 ** mc["k"] - 0.5)
+    plots.plot_gap_curves(pd.concat([free, mc]), tmp_path / "gaps.png", "toy")
+    ax = drawn["gaps.png"].axes[0]
+    for cell, g in (("squad", free), ("arc_easy", mc)):
+        np.testing.assert_allclose(line(ax, cell).get_xdata(), g.k)
+        np.testing.assert_allclose(line(ax, cell).get_ydata(), g.gap)
+    np.testing.assert_allclose(line(ax, f"arc_easy: {plots.GUESSER}").get_ydata(), mc.guess_gap)
+    assert not lines(ax, f"squad: {plots.GUESSER}")  # a free-form cell has no guesser
+    assert len(ax.collections) == 2 and "n = 8, K = 8" in ax.get_title()
 
 
 def test_plot_temperature_gap(tmp_path, drawn):

@@ -1,5 +1,6 @@
 """The sampling study's figures: reach@k vs k (`audit.reach_curve`), deployed D, vote@K, oracle O_K and the selection
-gap vs temperature (rows of `audit.summarize`), and the sampling-gap table (the paper's Table 2) as grouped bars."""
+gap vs temperature (rows of `audit.summarize`), the sampling-gap table (the paper's Table 2) as grouped bars, and
+O_k - D over k per cell (`audit.gap_curve`)."""
 from pathlib import Path
 
 import numpy as np
@@ -112,4 +113,29 @@ def plot_gap_table(df: pd.DataFrame, path: Path | str | None = None) -> Figure:
     temperatures = sorted({float(t) for t in df["T"]})
     ax.set_title(f"Deployed vs vote@K vs oracle@K (K = {_n(df['K'])}, T = {'/'.join(f'{t:g}' for t in temperatures)}; "
                  "95% intervals)", fontsize=10)
+    return _finish(fig, path)
+
+
+def plot_gap_curves(df: pd.DataFrame, path: Path | str | None = None, title: str = "O_k - D over k") -> Figure:
+    """The sampling gap as a function of the budget, one curve per cell: O_k - D (reach@k minus the deployed
+    share, `audit.gap_curve`) with its paired 95% bootstrap band, log k axis, zero marked. Columns: cell, k, gap,
+    lo, hi, n, K; an optional ``guess_gap`` column (multiple choice: the uniform guesser's reach@k minus D; NaN
+    for free-form cells) is drawn dotted in the cell's colour, the gap a blind guesser's oracle would show."""
+    _require(df, ("cell", "k", "gap", "lo", "hi", "n", "K"), "gap curves")
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    for cell, g in df.groupby("cell", sort=False):
+        g = g.sort_values("k")
+        line, = ax.plot(g["k"], g["gap"], marker="o", ms=2.5, label=str(cell))
+        ax.fill_between(g["k"], g["lo"], g["hi"], color=line.get_color(), alpha=0.15, lw=0)
+        if "guess_gap" in g.columns and np.isfinite(g["guess_gap"].to_numpy(dtype=float)).any():
+            ax.plot(g["k"], g["guess_gap"], color=line.get_color(), ls=":", lw=1.3, label=f"{cell}: {GUESSER}")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("O_k - D (share of questions)")
+    ax.grid(alpha=0.3)
+    legend_outside(ax, fontsize=8)
+    ax.set_title(f"{title}\n(n = {_n(df['n'])}, K = {_n(df['K'])}; paired 95% bootstrap bands)", fontsize=10)
     return _finish(fig, path)
