@@ -111,9 +111,9 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
                      f"{_pct(r, 'O_all')} | {_floor(r.floor_all)} |")
     lines += ["", f"## Table 8: format transfer ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
               "not base-realized", "",
-              "Base and trained checkpoints share one chat template here, so this is whether gains transfer to a "
-              f"prompt format training never saw ({control_fmt}), not the paper's native-vs-shared confound (a "
-              "checkpoint's own template against the base's).", "",
+              "Base and trained checkpoints get the same prompt text in each format here, so this is whether gains "
+              f"in {fmt} transfer to {control_fmt}, a format training need not have seen, not the paper's "
+              "native-vs-shared confound (a checkpoint's own template against the base's).", "",
               f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
               f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
               "|---|---|---|---|---|---|---|---|"]
