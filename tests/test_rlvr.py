@@ -238,6 +238,14 @@ def test_crossover_on_synthetic_curves():
     gaps = np.array([0.14, -0.06, -0.06, 0.14])
     w = np.random.default_rng(0).multinomial(4, np.full(4, 0.25), size=500)
     assert (c["lo"], c["hi"]) == pytest.approx(tuple(np.quantile(w @ gaps / 4, [0.025, 0.975])))
+    assert (c["k_max_gap"], c["max_gap"], c["gap_last"]) == (1, pytest.approx(0.4), pytest.approx(0.04))
+    assert (c["gap_last_lo"], c["gap_last_hi"]) == (c["lo"], c["hi"])  # the last k is also the smallest gap here
+    # ahead everywhere, smallest at k = 1, peaking at k = 4 and narrowing towards K: gaps 0.05, 0.2, 0.3, 0.15, 0.1
+    narrows = crossover(per_question([0.3, 0.4, 0.4, 0.6, 0.7], 1), per_question([0.35, 0.6, 0.7, 0.75, 0.8], 0),
+                        ks, n_boot=500)
+    assert narrows["k_cross"] is None and (narrows["k_min_gap"], narrows["k_max_gap"]) == (1, 4)
+    assert (narrows["max_gap"], narrows["gap_last"]) == (pytest.approx(0.3), pytest.approx(0.1))
+    assert narrows["gap_last_lo"] < 0.1 < narrows["gap_last_hi"]
     # the trained curve is never ahead: the base is at or above it from the first k
     assert crossover(trained, trained - 0.1, ks, n_boot=10)["k_cross"] == 1
     with pytest.raises(ValueError, match="one \\[n >= 1"):

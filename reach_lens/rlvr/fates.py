@@ -258,7 +258,9 @@ def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, k
     every k.
     k_min_gap: the k of the smallest gap trained - base (the first such k on ties), min_gap that gap, and lo, hi
     its paired question-bootstrap ``level`` interval at that k (questions resampled jointly for both checkpoints;
-    k_min_gap is not re-chosen per resample).
+    k_min_gap is not re-chosen per resample). k_max_gap and max_gap: where the gap peaks (the first such k), and
+    gap_last, gap_last_lo, gap_last_hi: the gap at the largest k with its interval (one resample for both), so a gap
+    that narrows towards the budget reads as such even where it is smallest at k = 1.
     """
     b = np.asarray(base_per_question, dtype=np.float64)
     t = np.asarray(trained_per_question, dtype=np.float64)
@@ -270,9 +272,11 @@ def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, k
     diff = t - b  # [n, k]
     gap = diff.mean(axis=0)
     behind = np.flatnonzero(gap <= 1e-12)  # base >= trained, up to the rounding of two means of equal values
-    j = int(np.argmin(gap))
+    j, top = int(np.argmin(gap)), int(np.argmax(gap))
     n = len(diff)
     weights = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)  # [n_boot, n]
-    lo, hi = np.quantile(weights @ diff[:, j] / n, [(1 - level) / 2, (1 + level) / 2])
+    (lo, last_lo), (hi, last_hi) = np.quantile(weights @ diff[:, [j, -1]] / n, [(1 - level) / 2, (1 + level) / 2],
+                                               axis=0)
     return {"k_cross": int(ks[behind[0]]) if len(behind) else None, "k_min_gap": ks[j], "min_gap": float(gap[j]),
-            "lo": float(lo), "hi": float(hi)}
+            "lo": float(lo), "hi": float(hi), "k_max_gap": ks[top], "max_gap": float(gap[top]),
+            "gap_last": float(gap[-1]), "gap_last_lo": float(last_lo), "gap_last_hi": float(last_hi)}

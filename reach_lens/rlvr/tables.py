@@ -185,8 +185,9 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
 
     Columns: pair, base, n, K, crossed (the base overtakes at some k <= K), k_cross (the smallest k with base
     reach@k >= trained; empty when none), k_min_gap (the k of the smallest gap trained - base), min_gap,
-    min_gap_lo, min_gap_hi (its paired question-bootstrap 95% interval at that k), reach_base_K and
-    reach_trained_K (reach@K = O over all K samples).
+    min_gap_lo, min_gap_hi (its paired question-bootstrap 95% interval at that k), k_max_gap and max_gap (where the
+    gap peaks), gap_K, gap_K_lo, gap_K_hi (the gap at k = K with its interval), reach_base_K and reach_trained_K
+    (reach@K = O over all K samples).
     """
     if base_label not in checkpoints:
         raise ValueError(f"base {base_label!r} is not among the checkpoints {list(checkpoints)}")
@@ -201,7 +202,9 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
         c = crossover(b, t, ks, n_boot=n_boot, seed=seed)
         rows.append({"pair": label, "base": base_label, "n": len(f), "K": K, "crossed": c["k_cross"] is not None,
                      "k_cross": c["k_cross"], "k_min_gap": c["k_min_gap"], "min_gap": c["min_gap"],
-                     "min_gap_lo": c["lo"], "min_gap_hi": c["hi"], "reach_base_K": float(b[:, -1].mean()),
+                     "min_gap_lo": c["lo"], "min_gap_hi": c["hi"], "k_max_gap": c["k_max_gap"],
+                     "max_gap": c["max_gap"], "gap_K": c["gap_last"], "gap_K_lo": c["gap_last_lo"],
+                     "gap_K_hi": c["gap_last_hi"], "reach_base_K": float(b[:, -1].mean()),
                      "reach_trained_K": float(t[:, -1].mean())})
     out = pd.DataFrame(rows)
     if len(out):
