@@ -565,15 +565,19 @@ def test_propensity_figure_one_colour_per_checkpoint_legend_off_the_data():
     assert set(colours) == set(trained)
     assert all(len(c) == 1 for c in colours.values()), colours  # one colour per checkpoint, at K and at 2K
     assert len({next(iter(c)) for c in colours.values()}) == len(trained)  # and distinct checkpoints differ
-    # K and 2K: a panel each, their bins on x, a marker each; every point where its table says
+    # K and 2K: a panel each, their bins on x (bins no question falls in left out and counted), a marker each;
+    # every point where its table says
     assert len(fig.axes) == 2
+    filled = prop[prop.n > 0]
+    empty = len(prop[prop.pair == "grpo"]) - len(filled[filled.pair == "grpo"])
+    assert empty >= 1 and f"{empty} bins no question falls in are left out" in fig.get_supxlabel()
     for ax, K in zip(fig.axes, (4, 8)):
         ticks = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
-        assert ticks == hit_rate_bin_labels(K)
+        assert ticks == [b for b in hit_rate_bin_labels(K) if b in set(filled[filled.K == K].bin)]
         points = {c.get_label(): c.lines[0] for c in ax.containers if not c.get_label().endswith("expected")}
         assert set(points) == {f"{n}, K = {K}" for n in trained}
         for n in trained:
-            g = prop[(prop.pair == n) & (prop.K == K)]
+            g = filled[(filled.pair == n) & (filled.K == K)]
             np.testing.assert_allclose(points[f"{n}, K = {K}"].get_ydata(), g.realization.to_numpy(dtype=float))
         assert len({ln.get_marker() for ln in points.values()}) == 1
     markers = [{c.lines[0].get_marker() for c in ax.containers if not c.get_label().endswith("expected")}
@@ -644,7 +648,9 @@ def test_reach_curve_figure_draws_each_curve_and_the_crossover(tmp_path):
     cross_ax, ahead_ax = fig.axes
     assert cross_ax.get_title() == "cross: base overtakes at k = 3 (of K = 4)"
     assert [ln.get_xdata()[0] for ln in cross_ax.get_lines() if ln.get_label().startswith("base overtakes")] == [3]
-    assert ahead_ax.get_title() == "ahead: no crossover up to K = 4"
+    c = cross.set_index("pair").loc["ahead"]
+    assert ahead_ax.get_title() == (f"ahead: no crossover up to K = 4; gap at k = 4: +25.0 pp "
+                                    f"[{100 * c.gap_K_lo:+.1f}, {100 * c.gap_K_hi:+.1f}]")
     gap = [ln for ln in ahead_ax.get_lines() if ln.get_label().startswith("smallest gap")]
     assert len(gap) == 1 and gap[0].get_xdata()[0] == 4 and "+25.0 pp" in gap[0].get_label()
     renderer = FigureCanvasAgg(fig).get_renderer()

@@ -136,15 +136,20 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
 
     One panel per K (the bins follow K: `rlvr.fates.hit_rate_bins`), each with its own bins on x (ticks: the bin in hits
     of K and, with hits_lo/hits_hi columns, its hit rates); one colour per checkpoint (pair) across all panels
-    (`CHECKPOINT_COLORS`, in table order), one marker per K. The legend (colours: checkpoints; markers: K and its
-    panel; the expected tick) sits right of the last panel, off the data."""
+    (`CHECKPOINT_COLORS`, in table order), one marker per K. A bin no question falls in (n = 0 for every pair) is
+    left out and counted under the axis. The legend (colours: checkpoints; markers: K and its panel; the expected
+    tick) sits right of the last panel, off the data."""
     need = ("pair", "K", "T", "bin", "n", "realization", "realization_lo", "realization_hi")
     _require(df, need, "rlvr propensity")
     pairs = list(dict.fromkeys(df["pair"]))
     colors = {p: CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)] for i, p in enumerate(pairs)}
     Ks = sorted({int(k) for k in df["K"]})
     markers = {K: "os^Dv"[i % 5] for i, K in enumerate(Ks)}
-    bins = {K: list(dict.fromkeys(df.loc[df["K"] == K, "bin"])) for K in Ks}
+    filled = df.groupby(["K", "bin"], sort=False)["n"].transform("max") > 0
+    dropped = int((~filled).groupby([df["K"], df["bin"]]).all().sum())
+    bins = {K: list(dict.fromkeys(df.loc[(df["K"] == K) & filled, "bin"])) or list(dict.fromkeys(df.loc[df["K"] == K,
+                                                                                                       "bin"]))
+            for K in Ks}
     per_bin = max(0.8, 0.25 * len(pairs) + 0.4)  # inches per bin
     legend_w = 3.4
     width_in = max(6.5, sum(per_bin * len(b) + 1.0 for b in bins.values()) + legend_w)
@@ -190,7 +195,8 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
         ax.set_title(f"hit rate over K = {K} samples", fontsize=9)
     axes[0].set_ylabel("share realized after training")
     fig.supxlabel("base hits of K (hit rate) of questions the base does not realize; numbers: questions in the bin "
-                  "(0 at the bottom: an empty bin)", fontsize=8)
+                  "(0 at the bottom: an empty bin)" + (f"; {dropped} bins no question falls in are left out (the table "
+                                                       "keeps them)" if dropped else ""), fontsize=8)
     handles = [Line2D([], [], color=colors[p], lw=6, label=p) for p in pairs]
     handles += [Line2D([], [], color="dimgray", marker=markers[K], ls="none", label=f"hit rate over K = {K}{w}")
                 for K, w in zip(Ks, where)]
@@ -269,8 +275,8 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
     per (base, trained) pair, stacked, each with the base's curve (black) and the trained one's (one colour per
     pair, `CHECKPOINT_COLORS`) and their 95% question-bootstrap bands on a log k axis (base 2). The k where the
     base overtakes is a dashed red line; when the trained curve stays ahead up to K the panel title says "no
-    crossover up to K = .." and a dotted line marks the k of the smallest gap (its value and paired 95% interval
-    in the legend). A ``guess`` column (multiple choice: the uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form)
+    crossover up to K = .." (with the gap at k = K and its paired 95% interval, given gap_K columns) and a dotted
+    line marks the k of the smallest gap (its value and paired 95% interval in the legend). A ``guess`` column (multiple choice: the uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form)
     is drawn as each panel's floor. Each panel's legend sits right of it, off the data."""
     _require(curves, ("checkpoint", "k", "reach", "lo", "hi", "n", "K"), "rlvr reach curves")
     _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi"),
@@ -298,6 +304,9 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
                        label=f"smallest gap, k = {int(row['k_min_gap'])}:\n{100 * row['min_gap']:+.1f} pp "
                              f"[{100 * row['min_gap_lo']:+.1f}, {100 * row['min_gap_hi']:+.1f}]")
             head = f"{row['pair']}: no crossover up to K = {K}"
+            if "gap_K" in row.index and pd.notna(row["gap_K"]):
+                head += (f"; gap at k = {K}: {100 * row['gap_K']:+.1f} pp [{100 * row['gap_K_lo']:+.1f}, "
+                         f"{100 * row['gap_K_hi']:+.1f}]")
         else:  # k_cross = 1: the trained curve is never ahead
             what = "base overtakes at" if row["k_cross"] > 1 else "base at or above it from"
             ax.axvline(row["k_cross"], color="tab:red", ls="--", lw=1.2, label=f"{what} k = {int(row['k_cross'])}")
