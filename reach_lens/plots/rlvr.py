@@ -194,9 +194,12 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
         ax.grid(alpha=0.3, axis="y")
         ax.set_title(f"hit rate over K = {K} samples", fontsize=9)
     axes[0].set_ylabel("share realized after training")
-    fig.supxlabel("base hits of K (hit rate) of questions the base does not realize; numbers: questions in the bin "
-                  "(0 at the bottom: an empty bin)" + (f"; {dropped} bins no question falls in are left out (the table "
-                                                       "keeps them)" if dropped else ""), fontsize=8)
+    shown_empty = any((df.loc[df["K"] == K].set_index("bin")["n"].groupby(level=0).max().reindex(bins[K]) == 0).any()
+                      for K in Ks)
+    fig.supxlabel("base hits of K (hit rate) of questions the base does not realize; numbers: questions in the bin"
+                  + (" (0 at the bottom: an empty bin)" if shown_empty else "")
+                  + (f"; {dropped} bins no question falls in are left out (the table keeps them)" if dropped else ""),
+                  fontsize=8)
     handles = [Line2D([], [], color=colors[p], lw=6, label=p) for p in pairs]
     handles += [Line2D([], [], color="dimgray", marker=markers[K], ls="none", label=f"hit rate over K = {K}{w}")
                 for K, w in zip(Ks, where)]
