@@ -183,7 +183,7 @@ def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
     assert script.main([*base, "--T", "0.8"]) == 0
     run = one(cells(Path(common[5])))
     first = {p.name: p.read_text() for p in one(run.glob("summary-*")).glob("*.csv")}
-    assert set(first) == {"table.csv", "temperature_sweep.csv", "reach_curve.csv"}
+    assert set(first) == {"table.csv", "temperature_sweep.csv", "reach_curve.csv", "gap_curve.csv"}
     assert script.main([*base, "--T", "1.2"]) == 0
     summaries = sorted(run.glob("summary-*"))
     assert len(summaries) == 2
