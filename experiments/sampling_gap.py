@@ -11,9 +11,9 @@ Each cell's runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (de
 they come from. Table 2 (table2.csv: every cell's D, vote@K, O_K and gaps with 95% intervals, and for multiple
 choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against), gap_curves.csv (every
 cell's O_k - D for k = 1..K with a paired bootstrap band) and their figures go to <out>/summary-table2-<hash>/ and
---figures. The oracle uses the gold answer after generation: a diagnostic of what
-is reachable, never a deployable selector. Samples come from `probes.sample` with the study seed, so every study
-draws the same samples of a question at a given T.
+--figures. The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
+selector. Samples come from `probes.sample` with the study seed, so every study draws the same samples of a
+question at a given T.
 """
 from __future__ import annotations
 

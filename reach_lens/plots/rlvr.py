@@ -145,11 +145,11 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
     colors = {p: CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)] for i, p in enumerate(pairs)}
     Ks = sorted({int(k) for k in df["K"]})
     markers = {K: "os^Dv"[i % 5] for i, K in enumerate(Ks)}
-    filled = df.groupby(["K", "bin"], sort=False)["n"].transform("max") > 0
-    dropped = int((~filled).groupby([df["K"], df["bin"]]).all().sum())
-    bins = {K: list(dict.fromkeys(df.loc[(df["K"] == K) & filled, "bin"])) or list(dict.fromkeys(df.loc[df["K"] == K,
-                                                                                                       "bin"]))
-            for K in Ks}
+    n_bin = df.groupby(["K", "bin"], sort=False)["n"].max()  # a bin's question count (the same for every pair)
+    every_bin = {K: list(dict.fromkeys(df.loc[df["K"] == K, "bin"])) for K in Ks}
+    bins = {K: [b for b in every_bin[K] if n_bin[K, b] > 0] or every_bin[K] for K in Ks}
+    dropped = sum(len(every_bin[K]) - len(bins[K]) for K in Ks)
+    shown_empty = any(n_bin[K, b] == 0 for K in Ks for b in bins[K])
     per_bin = max(0.8, 0.25 * len(pairs) + 0.4)  # inches per bin
     legend_w = 3.4
     width_in = max(6.5, sum(per_bin * len(b) + 1.0 for b in bins.values()) + legend_w)
@@ -194,8 +194,6 @@ def plot_rlvr_propensity(df: pd.DataFrame, path: Path | str | None = None,
         ax.grid(alpha=0.3, axis="y")
         ax.set_title(f"hit rate over K = {K} samples", fontsize=9)
     axes[0].set_ylabel("share realized after training")
-    shown_empty = any((df.loc[df["K"] == K].set_index("bin")["n"].groupby(level=0).max().reindex(bins[K]) == 0).any()
-                      for K in Ks)
     fig.supxlabel("base hits of K (hit rate) of questions the base does not realize; numbers: questions in the bin"
                   + (" (0 at the bottom: an empty bin)" if shown_empty else "")
                   + (f"; {dropped} bins no question falls in are left out (the table keeps them)" if dropped else ""),
@@ -278,12 +276,13 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
     per (base, trained) pair, stacked, each with the base's curve (black) and the trained one's (one colour per
     pair, `CHECKPOINT_COLORS`) and their 95% question-bootstrap bands on a log k axis (base 2). The k where the
     base overtakes is a dashed red line; when the trained curve stays ahead up to K the panel title says "no
-    crossover up to K = .." (with the gap at k = K and its paired 95% interval, given gap_K columns) and a dotted
-    line marks the k of the smallest gap (its value and paired 95% interval in the legend). A ``guess`` column (multiple choice: the uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form)
-    is drawn as each panel's floor. Each panel's legend sits right of it, off the data."""
+    crossover up to K = .." with the gap at k = K and its paired 95% interval, and a dotted line marks the k of the
+    smallest gap (its value and paired 95% interval in the legend). A ``guess`` column (multiple choice: the
+    uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form) is drawn as each panel's floor. Each panel's legend sits
+    right of it, off the data."""
     _require(curves, ("checkpoint", "k", "reach", "lo", "hi", "n", "K"), "rlvr reach curves")
-    _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi"),
-             "rlvr crossovers")
+    _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi", "gap_K",
+                         "gap_K_lo", "gap_K_hi"), "rlvr crossovers")
     fig = Figure(figsize=(9.0, 2.9 * len(crossings) + 0.9))
     axes = fig.subplots(len(crossings), 1, squeeze=False)[:, 0]
     fig.subplots_adjust(right=0.64, hspace=0.45, top=1 - 0.75 / (2.9 * len(crossings) + 0.9))
@@ -306,10 +305,8 @@ def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: 
             ax.axvline(row["k_min_gap"], color="gray", ls=":", lw=1.2,
                        label=f"smallest gap, k = {int(row['k_min_gap'])}:\n{100 * row['min_gap']:+.1f} pp "
                              f"[{100 * row['min_gap_lo']:+.1f}, {100 * row['min_gap_hi']:+.1f}]")
-            head = f"{row['pair']}: no crossover up to K = {K}"
-            if "gap_K" in row.index and pd.notna(row["gap_K"]):
-                head += (f"; gap at k = {K}: {100 * row['gap_K']:+.1f} pp [{100 * row['gap_K_lo']:+.1f}, "
-                         f"{100 * row['gap_K_hi']:+.1f}]")
+            head = (f"{row['pair']}: no crossover up to K = {K}; gap at k = {K}: {100 * row['gap_K']:+.1f} pp "
+                    f"[{100 * row['gap_K_lo']:+.1f}, {100 * row['gap_K_hi']:+.1f}]")
         else:  # k_cross = 1: the trained curve is never ahead
             what = "base overtakes at" if row["k_cross"] > 1 else "base at or above it from"
             ax.axvline(row["k_cross"], color="tab:red", ls="--", lw=1.2, label=f"{what} k = {int(row['k_cross'])}")

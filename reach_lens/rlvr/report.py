@@ -42,7 +42,7 @@ def _crossing(r) -> str:
         return f"the base's reach@k overtakes at k = {int(r.k_cross)} (of K = {int(r.K)} samples)"
     text = (f"no crossover up to K = {int(r.K)} samples; smallest gap trained − base {100 * r.min_gap:+.1f} pp "
             f"[{100 * r.min_gap_lo:+.1f}, {100 * r.min_gap_hi:+.1f}] at k = {int(r.k_min_gap)}")
-    if "gap_K" in r.index and int(r.k_max_gap) < int(r.K):
+    if int(r.k_max_gap) < int(r.K):
         text += (f"; the gap peaks at {100 * r.max_gap:+.1f} pp (k = {int(r.k_max_gap)}) and narrows to "
                  f"{100 * r.gap_K:+.1f} pp [{100 * r.gap_K_lo:+.1f}, {100 * r.gap_K_hi:+.1f}] at k = {int(r.K)}")
     return text
