@@ -10,8 +10,8 @@ Each cell's runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (de
 --T, the sweep over --temperatures and the reach curve in a summary-T<T>-<hash>/ directory named by the protocols
 they come from. Table 2 (table2.csv: every cell's D, vote@K, O_K and gaps with 95% intervals, and for multiple
 choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against), gap_curves.csv (every
-cell's O_k - D for k = 1..K with a paired bootstrap band) and their figures go to <out>/summary-table2-<hash>/ and
---figures. The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
+cell's O_k - D for k = 1..K with a paired bootstrap band) and their figures (named by the models, n, K, seed,
+engine and T, so that runs of other models do not overwrite them) go to <out>/summary-table2-<hash>/ and --figures. The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
 selector. Samples come from `probes.sample` with the study seed, so every study draws the same samples of a
 question at a given T.
 """
@@ -110,7 +110,10 @@ def main(argv=None) -> int:
     gaps = pd.concat(gaps, ignore_index=True)
     table.to_csv(out / "table2.csv", index=False)
     gaps.to_csv(out / "gap_curves.csv", index=False)
-    tag = f"n{args.n}-K{args.K}-T{args.T:g}"
+    # the models and engine in the name: a run of other models beside this one's figures must not overwrite them
+    engines = sorted({p.engine.split()[0] for p in protocols} - {"transformer_lens"})
+    tag = "+".join(dict.fromkeys(table["model"])) + f"-n{args.n}-K{args.K}-s{args.seed}" + \
+        "".join(f"-{e}" for e in engines) + f"-T{args.T:g}"
     publish(args.figures, {
         out / f"sampling_gap_table2_{tag}.png": plots.plot_gap_table(table),
         out / f"sampling_gap_over_k_{tag}.png": plots.plot_gap_curves(gaps, title=f"O_k - D over k, T = {args.T:g}")})

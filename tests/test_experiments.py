@@ -283,6 +283,11 @@ def test_selection_draws_the_sampling_gap_samples_and_flags_collapse(tiny):
 
 
 TWO_MODEL_RUNS = {  # script: (its arguments, its run directory and figure names for a model name)
+    "sampling_gap": (["--n", "3", "--K", "2", "--T", "0.8", "--temperatures", "0.8"],
+                     lambda m: ([f"{m}-arc_easy-n3-K2-s0"],
+                                [f"sampling_gap_reach_{m}-arc_easy-n3-K2-s0-T0.8.png",
+                                 f"sampling_gap_temperature_{m}-arc_easy-n3-K2-s0.png",
+                                 f"sampling_gap_table2_{m}-n3-K2-s0-T0.8.png", f"sampling_gap_over_k_{m}-n3-K2-s0-T0.8.png"])),
     "selection": (["--n", "3", "--K", "2", "--T", "0.8", "--temperatures", "0.8"],
                   lambda m: ([f"{m}-arc_easy-n3-K2-s0"],
                              [f"selection_recovery_{m}-n3-K2-T0.8.png", f"selection_gap_vs_temperature_{m}-n3-K2.png",
