@@ -11,7 +11,8 @@ Each cell's runs (resumable) live in <out>/<model>-<task>-n<n>-K<K>-s<seed>/ (de
 they come from. Table 2 (table2.csv: every cell's D, vote@K, O_K and gaps with 95% intervals, and for multiple
 choice the uniform guesser's 1/m and 1 - (1 - 1/m)^K, which an O_K must be read against), gap_curves.csv (every
 cell's O_k - D for k = 1..K with a paired bootstrap band) and their figures (named by the models, n, K, seed,
-engine and T, so that runs of other models do not overwrite them) go to <out>/summary-table2-<hash>/ and --figures. The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
+engine and T, so that runs of other models do not overwrite them) go to <out>/summary-table2-<hash>/ and
+--figures. The oracle uses the gold answer after generation: a diagnostic of what is reachable, never a deployable
 selector. Samples come from `probes.sample` with the study seed, so every study draws the same samples of a
 question at a given T.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -50,6 +52,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def engine_suffix(protocols: Sequence[Protocol]) -> str:
+    """"-vllm" (etc.) for protocols run on a hook-free engine ("vllm (...)"); "" for the TransformerLens engine."""
+    engines = sorted({p.engine.split()[0] for p in protocols} - {"transformer_lens"})
+    return "".join(f"-{e}" for e in engines)
+
+
 def run_cell(model, task, questions, args, loop) -> tuple[dict, pd.DataFrame, list[Protocol]]:
     """One model x task cell: resumable greedy and sampled runs, its own summary, its Table 2 row and its gap
     curve O_k - D over k. ``model`` is a HookedTransformer or a hook-free engine (``--engine``)."""
@@ -58,8 +66,7 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, pd.DataFrame, li
                          source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
     name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
-    tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}"
-    tag += "" if deploy.engine == "transformer_lens" else f"-{deploy.engine.split()[0]}"  # "vllm (...)": -vllm
+    tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}{engine_suffix([deploy])}"
     run = args.out / tag
     deployed = loop.deployed(model, task, questions, fmt, RunStore(run / "deployed", deploy),
                              desc=f"greedy deployment ({task.name})")
@@ -111,9 +118,8 @@ def main(argv=None) -> int:
     table.to_csv(out / "table2.csv", index=False)
     gaps.to_csv(out / "gap_curves.csv", index=False)
     # the models and engine in the name: a run of other models beside this one's figures must not overwrite them
-    engines = sorted({p.engine.split()[0] for p in protocols} - {"transformer_lens"})
-    tag = "+".join(dict.fromkeys(table["model"])) + f"-n{args.n}-K{args.K}-s{args.seed}" + \
-        "".join(f"-{e}" for e in engines) + f"-T{args.T:g}"
+    tag = "+".join(dict.fromkeys(table["model"])) + f"-n{args.n}-K{args.K}-s{args.seed}{engine_suffix(protocols)}" \
+        f"-T{args.T:g}"
     publish(args.figures, {
         out / f"sampling_gap_table2_{tag}.png": plots.plot_gap_table(table),
         out / f"sampling_gap_over_k_{tag}.png": plots.plot_gap_curves(gaps, title=f"O_k - D over k, T = {args.T:g}")})
