@@ -9,7 +9,7 @@ from transformer_lens import HookedTransformer
 from reach_lens.generate import (Engine, EngineCapabilityError, Generation, LoglikRequest, NonFiniteLogits, Request,
                                  TransformerLensEngine, engine_for, first_hooked_layer, row_seed)
 from reach_lens.generate.attention import output_weight
-from reach_lens.generate.loop import embed, schedule
+from reach_lens.generate.loop import DecodeLoop, embed, schedule
 from reach_lens.generate import prefill
 from reach_lens.generate.prefill import padded_batches
 from reach_lens.interventions import Silence, Steer, Units, hooks_for
@@ -322,6 +322,32 @@ def test_positioned_interventions_under_routes_whose_prefixes_are_prefilled_toge
     for r in routes:
         gen = engine.generate([greedy(prompts[1], 5, r)], interventions=ivs)[0]
         assert gen.tokens == reference(model, prompts[1], 5, r, hooks=hooks_for(ivs, model))[0], r
+
+
+def test_slots_run_on_the_rows_that_use_them_equal_the_whole_batch(model, monkeypatch):
+    """A decode slot run on its rows alone (a copy of their keys and values) gives what the whole batch with the
+    other rows discarded gives, under positioned decode interventions, with rows ending and slots refilled; and
+    the subset path is taken (most slots of these routes are run by a few rows only)."""
+    prompts = random_prompts([5, 13, 8])
+    routes = [(0, 0, 0, 1, 3), (1, 1, 2, 2, 2, 3), (0, 2, 3, 3, 3), (0, 1, 2, 3), (2, 2, 2, 2), (3,)]
+    v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    ivs = [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(9, 15))]
+    stop = reference(model, prompts[0], 3, routes[0])[0][2]  # ends rows early: slots are refilled
+    reqs = [greedy(p, 7, r, stop=(stop,)) for p in prompts for r in routes]
+    calls = []
+    monkeypatch.setattr(DecodeLoop, "_run_rows", lambda self, *a, _run=DecodeLoop._run_rows: calls.append(len(a[4]))
+                        or _run(self, *a))
+    subsets = TransformerLensEngine(model).generate(reqs, interventions=ivs, batch_size=5)
+    assert sum(0 < c < 5 for c in calls) > 10
+    calls.clear()
+    whole = TransformerLensEngine(model, decode_subsets=False).generate(reqs, interventions=ivs, batch_size=5)
+    assert not calls
+    assert any(g.finish_reason == "eos" for g in whole) and any(g.finish_reason == "length" for g in whole)
+    for req, a, b in zip(reqs, subsets, whole):
+        assert a.tokens == b.tokens, (req.prompt, req.route)
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)  # batch shapes differ: float rounding
+    for req, gen in zip(reqs[::4], subsets[::4]):  # and the plain block loop
+        assert gen.tokens == reference(model, req.prompt, 7, req.route, hooks_for(ivs, model), stop=stop)[0]
 
 
 def test_samples_depend_on_prompt_route_temperature_and_seed_only(model):

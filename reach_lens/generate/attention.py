@@ -82,6 +82,22 @@ class Entry(TransformerLensKeyValueCacheEntry):
         self.length = end
         return self.past_keys, self.past_values
 
+    def rows(self, index: Tensor) -> Entry:
+        """A copy of batch rows ``index`` (their filled columns, and room for one more): the entry of a decode step
+        that runs this block on those rows alone (``take_step``)."""
+        end = self.length + 1
+        return Entry(self.keys[index, :, :end], self.values[index, :, :end], self.length)
+
+    def take_step(self, sub: Entry, index: Tensor) -> None:
+        """Write the column ``sub`` (``rows(index)``) appended into rows ``index`` and advance by one column.
+        The other rows' new column stays unwritten: they do not run this block, so nothing reads it."""
+        column = self.length
+        if sub.length != column + 1:
+            raise RuntimeError(f"a decode step appends one column; {sub.length - column} were appended")
+        self.keys[index, :, column] = sub.keys[:, :, column]
+        self.values[index, :, column] = sub.values[:, :, column]
+        self.length = column + 1
+
     def row(self, index: int) -> tuple[Tensor, Tensor]:
         """Keys and values of one batch row, ``[kv_head, length, d_head]`` each (views)."""
         return self.keys[index, :, : self.length], self.values[index, :, : self.length]

@@ -98,19 +98,19 @@ class TransformerLensEngine(Engine):
     """Generation on a ``HookedTransformer`` with hooks, routes and hidden states (see ``reach_lens.generate``).
 
     ``prefix_cache_bytes`` bounds the clean prompt prefixes kept between calls (``prefill.PrefixCache``);
-    ``share_prefixes=False`` computes every (prompt, route) prefill on its own (a reference for tests and
-    benchmarks).
+    ``share_prefixes=False`` computes every (prompt, route) prefill on its own, and ``decode_subsets=False`` runs
+    every decode slot on the whole batch (``generate.loop``): references for tests and benchmarks.
     """
 
     name = "transformer_lens"
     capabilities = frozenset(CAPABILITIES)
 
     def __init__(self, model: HookedTransformer, prefix_cache_bytes: int = 2 << 30, share_prefixes: bool = True,
-                 weak: bool = False):
+                 decode_subsets: bool = True, weak: bool = False):
         """``weak=True`` holds the model by a weak reference (``engine_for``'s engines must not keep their model
         alive: a study that loads checkpoint after checkpoint would keep every one of them in memory)."""
         self._model = weakref.ref(model) if weak else (lambda: model)
-        self.share_prefixes = share_prefixes
+        self.share_prefixes, self.decode_subsets = share_prefixes, decode_subsets
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
 
     @property
@@ -192,7 +192,8 @@ class TransformerLensEngine(Engine):
             prefiller = Prefiller(self.model, source, self.prefix_cache if self.share_prefixes else None, hooked_from,
                                   share=self.share_prefixes, positionwise_hooks=positionwise)
             prefiller.share_common_prefix([r.prompt for r in requests])
-            return DecodeLoop(self.model, source, requests, prefiller, decode, eos, batch_size).run()
+            return DecodeLoop(self.model, source, requests, prefiller, decode, eos, batch_size,
+                              subsets=self.decode_subsets).run()
 
     def _stamp(self, fast: bool) -> Hashable:
         """What the clean prefixes depend on besides the prompt: parameters (storage and in-place versions),

@@ -2,9 +2,12 @@
 
 - Rows run in batches of ``batch_size`` slots over a right-aligned ``DecodeCache``. A batch runs one
   *schedule*: a common supersequence of its rows' routes (for non-decreasing routes, each layer as many
-  times as the route using it most). A row's route is a subsequence of the schedule; at a slot the row
-  does not use, the block's output is discarded for that row (``where(keep, block(x), x)``), which makes the
-  slot the identity, exactly. Each slot has its own KV entry, so a repeated layer keeps its own keys.
+  times as the route using it most). A row's route is a subsequence of the schedule; a slot the row does not
+  use is the identity for it, exactly. A slot that only some rows run (at most ``SUBSET_SHARE`` of the batch) is
+  computed on those rows alone, on a copy of their keys and values (routes of the uniform law, ~58 layers drawn
+  from 30, make schedules of ~270 slots of which each row runs a fifth); otherwise on the whole batch, the other
+  rows' outputs discarded (``where(keep, block(x), x)``; the only way with ``subsets=False``, a reference). Each
+  slot has its own KV entry, so a repeated layer keeps its own keys.
 - A row that ends frees its slot; the next waiting row whose route fits the schedule is prefilled (with the
   next routes of its prompt, ``ROUTE_GROUP`` at a time: ``prefill.Prefiller``) and written into it. When no
   waiting row fits, the batch drains and the next one starts with a new schedule.
@@ -26,13 +29,16 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.generate.attention import DecodeCache, block_device, rows_that_fit
+from reach_lens.generate.attention import DecodeCache, Entry, block_device, rows_that_fit
 from reach_lens.generate.choice import StopCheck, check_finite, choose
 from reach_lens.generate.prefill import Path, Pieces, Prefilled, Prefiller
 from reach_lens.generate.types import Generation, Request
 from reach_lens.positions import PositionSource
 
 FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
+# a slot that at most this share of a batch's rows run is computed on those rows alone (on a copy of their keys and
+# values), not on the whole batch with the others' outputs discarded
+SUBSET_SHARE = 0.75
 ROUTE_GROUP = 32  # routes of one prompt prefilled together: their keys and values live until their rows start
 CPU = torch.device("cpu")  # bookkeeping (lengths, slots, keep masks, next tokens) lives on the host
 
@@ -105,9 +111,12 @@ class DecodeLoop:
     request order."""
 
     def __init__(self, model: HookedTransformer, source: PositionSource, requests: Sequence[Request],
-                 prefiller: Prefiller, decode: Callable[[list[int]], str] | None, eos: Sequence[int], batch_size: int):
-        """``source``: the call's position source, on which each decode step declares its rows' positions."""
+                 prefiller: Prefiller, decode: Callable[[list[int]], str] | None, eos: Sequence[int], batch_size: int,
+                 subsets: bool = True):
+        """``source``: the call's position source, on which each decode step declares its rows' positions;
+        ``subsets=False`` runs every slot on the whole batch (a reference: see the module docstring)."""
         self.model, self.source, self.prefiller, self.batch_size = model, source, prefiller, batch_size
+        self.subsets = subsets
         full = tuple(range(model.cfg.n_layers))
         self.rows = [
             _Row(r, r.route if r.route is not None else full,
@@ -294,6 +303,24 @@ class DecodeLoop:
         return [Generation(r.tokens, r.logprobs, r.entropies, r.finish_reason, r.text, r.request.route, r.hidden)
                 for r in self.rows]
 
+    def _run_rows(self, layer: int, entry: Entry, resid: Tensor, pos_embed: Tensor | None, mask: Tensor,
+                  rows: Tensor, positions: Tensor, prompt_lengths: Tensor) -> Tensor:
+        """Block ``layer`` on batch ``rows`` alone (the rows that run its slot, ``[n]`` on the host), on a copy of
+        their keys and values in ``entry``; the other rows of ``resid`` (``[batch, 1, d_model]``) pass unchanged.
+        Positioned hooks see the rows' own positions."""
+        dev = resid.device
+        if not len(rows):
+            entry.length += 1  # the slot's column of this step exists for every row, and is read by none
+            return resid
+        index = rows.to(dev)
+        sub = entry.rows(index)
+        with self.source.declare(positions[rows].to(dev), prompt_lengths[rows].to(dev)):
+            post = self.model.blocks[layer](resid[index], shortformer_pos_embed=None if pos_embed is None else
+                                            pos_embed[index], past_kv_cache_entry=sub,
+                                            attention_mask=mask.to(dev)[index])
+        entry.take_step(sub, index)
+        return resid.index_copy(0, index, post)
+
     def _step(self) -> None:
         model = self.model
         device = model.embed.W_E.device
@@ -303,16 +330,25 @@ class DecodeLoop:
         positions = torch.where(running, self.lengths, -1)[:, None]
         prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots],
                                       device=CPU)
-        keep_all = self.keep[live].all(0).tolist()
+        uses = self.keep & running[:, None]  # [batch, slot]: live rows that run each slot
+        counts = uses.sum(0).tolist()
         with self.source.declare(positions.to(device), prompt_lengths.to(device)):
             resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens),
                                                                past_kv_cache=self.cache)
             for j, layer in enumerate(self.schedule):
-                dev = self.devices[j]
+                dev, entry = self.devices[j], self.cache.entries[j]
                 resid = resid.to(dev)
-                post = model.blocks[layer](resid, shortformer_pos_embed=None if shortformer is None else shortformer.to(dev),
-                                           past_kv_cache_entry=self.cache.entries[j], attention_mask=mask.to(dev))
-                resid = post if keep_all[j] else torch.where(self.keep[:, j, None, None].to(dev), post, resid)
+                pos_embed = None if shortformer is None else shortformer.to(dev)
+                if counts[j] == len(live):  # every live row runs the slot (idle rows' outputs are never read)
+                    resid = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
+                                                attention_mask=mask.to(dev))
+                elif self.subsets and counts[j] <= SUBSET_SHARE * len(self.slots):
+                    resid = self._run_rows(layer, entry, resid, pos_embed, mask, uses[:, j].nonzero()[:, 0],
+                                           positions, prompt_lengths)
+                else:
+                    post = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
+                                               attention_mask=mask.to(dev))
+                    resid = torch.where(self.keep[:, j, None, None].to(dev), post, resid)
             hidden = resid[:, -1]
             logits = self.prefiller.logits(hidden)
         self.lengths[live] += 1
