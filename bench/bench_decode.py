@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import torch
 
@@ -44,11 +45,8 @@ def timed_prefills(fn) -> tuple[float, object]:
         finally:
             spent[0] += time.perf_counter() - start
 
-    Prefiller.__call__ = call
-    try:
+    with mock.patch.object(Prefiller, "__call__", call):
         out = fn()
-    finally:
-        Prefiller.__call__ = inner
     return spent[0], out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import torch
 
@@ -49,11 +50,8 @@ def counted(fn) -> tuple[int, object]:
         count[0] += resid.shape[0] * resid.shape[1]
         return inner(self, layer, resid, past)
 
-    Prefiller._block = block
-    try:
+    with mock.patch.object(Prefiller, "_block", block):
         out = fn()
-    finally:
-        Prefiller._block = inner
     return count[0], out
 
 

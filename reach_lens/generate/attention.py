@@ -90,7 +90,7 @@ class Entry(TransformerLensKeyValueCacheEntry):
 
     def take_step(self, sub: Entry, index: Tensor) -> None:
         """Write the column ``sub`` (``rows(index)``) appended into rows ``index`` and advance by one column.
-        The other rows' new column stays unwritten: they do not run this block, so nothing reads it."""
+        The other rows' new column stays unwritten: they do not run this block, so no output they keep depends on it."""
         column = self.length
         if sub.length != column + 1:
             raise RuntimeError(f"a decode step appends one column; {sub.length - column} were appended")

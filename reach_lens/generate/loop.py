@@ -339,16 +339,14 @@ class DecodeLoop:
                 dev, entry = self.devices[j], self.cache.entries[j]
                 resid = resid.to(dev)
                 pos_embed = None if shortformer is None else shortformer.to(dev)
-                if counts[j] == len(live):  # every live row runs the slot (idle rows' outputs are never read)
-                    resid = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
-                                                attention_mask=mask.to(dev))
-                elif self.subsets and counts[j] <= SUBSET_SHARE * len(self.slots):
+                every = counts[j] == len(live)  # every live row runs the slot (idle rows' outputs are never read)
+                if self.subsets and not every and counts[j] <= SUBSET_SHARE * len(self.slots):
                     resid = self._run_rows(layer, entry, resid, pos_embed, mask, uses[:, j].nonzero()[:, 0],
                                            positions, prompt_lengths)
-                else:
-                    post = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
-                                               attention_mask=mask.to(dev))
-                    resid = torch.where(self.keep[:, j, None, None].to(dev), post, resid)
+                    continue
+                post = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
+                                           attention_mask=mask.to(dev))
+                resid = post if every else torch.where(self.keep[:, j, None, None].to(dev), post, resid)
             hidden = resid[:, -1]
             logits = self.prefiller.logits(hidden)
         self.lengths[live] += 1
