@@ -34,6 +34,9 @@ PROBES = ("deploy", "sample", "route", "recognize", "screen")  # "screen" = reco
 _SAMPLES_K = ("sample", "route")  # probes with a candidate budget K
 _GREEDY = ("deploy", "recognize", "screen")  # probes without a temperature
 REPORTED = ("commit",)  # fields that are recorded but never matched
+# fields added after runs were first stored, with the value that means "absent": a protocol holding that value
+# leaves the field out of its fingerprint, so the runs stored before the field existed keep theirs
+LATER_FIELDS = {"task_spec": {}}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -138,7 +141,9 @@ class Protocol:
 
     - ``weights``: ``reach_lens.models.model_fingerprint(model)``; ``questions``: ``question_set_hash``.
     - ``grader``: ``"name/version"`` of the grading rule (``task.grader``); ``prompt``: what the format name does
-      not say of the prompt (``task.prompt_spec(fmt)``: a few-shot block's source and hash), or None.
+      not say of the prompt (``task.prompt_spec(fmt)``: a few-shot block's source and hash), or None;
+      ``task_spec``: what the task name does not say of the task (``task.spec()``: a user's file by its sha256 and
+      field mapping, an lm-evaluation-harness task by its versions, filter and metric; empty for built-in tasks).
     - ``probe``: one of ``PROBES``; ``"sample"`` and ``"route"`` need ``K``; ``"deploy"``, ``"recognize"`` and
       ``"screen"`` are greedy (temperature 0, no K).
     - ``interventions``: their ``to_dict()`` (vectors by their sha256: ``vectors`` holds the values, which a run store
@@ -169,6 +174,7 @@ class Protocol:
     max_new_tokens: int | None
     stop_strings: tuple[str, ...]
     prompt: str | None = None
+    task_spec: dict = field(default_factory=dict)
     engine: str = "transformer_lens"
     device: str = "cpu"
     dtype: str = "float32"
@@ -232,6 +238,9 @@ class Protocol:
         if bad_keys:
             raise TypeError(f"settings keys {bad_keys} must be str")
         put(self, "settings", _jsonable("settings", dict(self.settings)))
+        if not isinstance(self.task_spec, Mapping):
+            raise TypeError(f"task_spec {self.task_spec!r:.200} must be a dict (the task's spec())")
+        put(self, "task_spec", _jsonable("task_spec", dict(self.task_spec)))
         libraries = self.libraries
         if not isinstance(libraries, Mapping) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
                                                          for k, v in libraries.items()):
@@ -262,6 +271,7 @@ class Protocol:
             max_new_tokens=task.max_new_tokens(fmt) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
             prompt=task.prompt_spec(fmt) if generates and hasattr(task, "prompt_spec") else None,
+            task_spec=task.spec() if hasattr(task, "spec") else {},
             engine=facts.get("engine", "transformer_lens"),
             device=device if device is not None else facts["device"],
             dtype=dtype if dtype is not None else facts["dtype"],
@@ -300,7 +310,7 @@ class Protocol:
         if unknown:
             raise ValueError(f"unknown protocol fields {unknown}; valid: {names}")
         optional = {f.name for f in fields(cls) if f.default is not dataclasses.MISSING
-                    or f.name in ("settings", "libraries")}
+                    or f.name in ("settings", "libraries", *LATER_FIELDS)}
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"protocol lacks fields {missing}")
@@ -331,9 +341,11 @@ class Protocol:
         return not self.diff(other, ignore)
 
     def fingerprint(self) -> str:
-        """sha256 hex of the canonical JSON of the matched fields (every field but ``commit``)."""
+        """sha256 hex of the canonical JSON of the matched fields (every field but ``commit``; a field of
+        ``LATER_FIELDS`` only when it holds something, so runs stored before it existed keep their fingerprint)."""
         d = self.to_dict()
-        return hashlib.sha256(canonical_json({n: d[n] for n in self._matched()}).encode()).hexdigest()
+        kept = [n for n in self._matched() if n not in LATER_FIELDS or d[n] != LATER_FIELDS[n]]
+        return hashlib.sha256(canonical_json({n: d[n] for n in kept}).encode()).hexdigest()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Protocol):

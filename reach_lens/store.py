@@ -93,7 +93,7 @@ def mismatch_lines(stored: Protocol, given: Protocol) -> list[str]:
     ``<absent>``)."""
     lines = []
     for name, a, b in stored.diff(given):
-        if name in ("settings", "libraries"):
+        if name in ("settings", "libraries", "task_spec"):
             for k in sorted(set(a) | set(b)):
                 va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
                 if va is _ABSENT or vb is _ABSENT or canonical_json(va) != canonical_json(vb):

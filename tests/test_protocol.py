@@ -1,5 +1,6 @@
 """Protocol: round trips, every field's change detected and named, the question-set hash, validation, of()."""
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -11,7 +12,7 @@ from conftest import make_tiny_model
 
 from reach_lens.interventions import Silence, Steer
 from reach_lens.models import model_fingerprint
-from reach_lens.protocol import PROBES, Protocol, code_commit, question_set_hash
+from reach_lens.protocol import PROBES, Protocol, canonical_json, code_commit, question_set_hash
 from reach_lens.version import reach_lens_version
 from reach_lens.tasks import Question
 from reach_lens.generate import engine_for
@@ -37,6 +38,7 @@ CHANGES = {
     "split": "validation", "questions": question_set_hash(QUESTIONS[:2]), "n": 2, "seed": 1, "fmt": "shared",
     "grader": "numeric/2", "probe": "route", "K": 16, "temperature": 1.2, "max_new_tokens": 32,
     "stop_strings": ("\n\n", "Question:"), "prompt": "gsm8k:fewshot/1:STD:GSM8k:sha256=0123456789abcdef",
+    "task_spec": {"file": "arith.jsonl", "sha256": "ab" * 32, "fields": {"question": "q", "answer": "a"}},
     "engine": "vllm", "device": "cuda", "dtype": "bfloat16",
     "interventions": (), "settings": {"alphas": [2, 4, 8]}, "version": "0.2.0",
     "libraries": {"torch": "2.14.1", "transformers": "5.24.0", "transformer-lens": "3.9.0"},
@@ -87,6 +89,18 @@ def test_every_field_change_is_detected_and_named(name):
     assert diff[0][1] == p.to_dict()[name] and diff[0][2] == q.to_dict()[name]
     assert not p.matches(q) and p.fingerprint() != q.fingerprint() and p != q
     assert p.matches(q, ignore=(name,))
+
+
+def test_a_field_added_later_keeps_the_fingerprints_of_runs_stored_before_it():
+    """A stored run's protocol.json lacks task_spec; read back it holds the empty default and its fingerprint (the
+    run directory's and its summary's name) is the one computed before the field existed."""
+    p = base()
+    before = {k: v for k, v in p.to_dict().items() if k not in ("commit", "task_spec")}
+    stored = hashlib.sha256(canonical_json(before).encode()).hexdigest()
+    assert p.task_spec == {} and p.fingerprint() == stored
+    old = {k: v for k, v in p.to_dict().items() if k != "task_spec"}
+    assert Protocol.from_dict(old).fingerprint() == stored and Protocol.from_dict(old).matches(p)
+    assert base(task_spec={"sha256": "0" * 64}).fingerprint() != stored
 
 
 def test_commit_is_reported_not_matched():

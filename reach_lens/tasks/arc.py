@@ -37,8 +37,6 @@ class ARCTask(MCTask):
             raise FileNotFoundError(f"{directory} has no {path.name} (ARC files are named {self.subset}-<split>.jsonl)")
         return path
 
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         return make_mc_question(*choices_record(data, "question"))

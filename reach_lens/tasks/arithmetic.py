@@ -22,7 +22,6 @@ import re
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
@@ -65,11 +64,6 @@ class BasicArithmeticTask(Task):
     def default_rows(self, split: str) -> Iterator[Row]:
         return sources.embedded_rows("basic_arithmetic", split)
 
-    def file_in_dir(self, directory: Path, split: str) -> Path:
-        return sources.first_file(directory, (f"{split}.jsonl",), split)
-
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         if not isinstance(data, dict):

@@ -152,13 +152,13 @@ class Task(ABC):
             "layout, a saved `datasets` directory, or a Hugging Face dataset name)"
         )
 
-    @abstractmethod
     def file_in_dir(self, directory: Path, split: str) -> Path:
-        """The file of ``split`` inside a directory in the dataset's original layout."""
+        """The file of ``split`` inside a directory in the dataset's original layout (default ``{split}.jsonl``)."""
+        return sources.first_file(directory, (f"{split}.jsonl",), split)
 
-    @abstractmethod
     def file_rows(self, path: Path) -> Iterator[Row]:
-        """Rows of a local file in the dataset's original layout."""
+        """Rows of a local file in the dataset's original layout (default: JSON lines)."""
+        return sources.jsonl_rows(path)
 
     @abstractmethod
     def parse(self, data: Any, split: str, index: int) -> Question:
@@ -183,6 +183,12 @@ class Task(ABC):
     @abstractmethod
     def grade(self, q: Question, completion: str) -> Graded:
         """Extract the answer of ``completion`` and compare it with ``q.gold``."""
+
+    def spec(self) -> dict:
+        """What a protocol records of the task beyond its name and grader (``Protocol.task_spec``): for a task read
+        from a user's file, the file's sha256 and the field mapping; for an lm-evaluation-harness task, its
+        versions, filter and metric. Empty for the built-in tasks, whose code version fixes them."""
+        return {}
 
     def prompt_spec(self, fmt: str) -> str | None:
         """What a protocol records of format ``fmt`` beyond its name: the few-shot block's source and hash where

@@ -39,8 +39,6 @@ class CommonsenseQATask(MCTask):
     def file_in_dir(self, directory: Path, split: str) -> Path:
         return sources.first_file(directory, _FILES.get(split, (f"{split}.jsonl",)), split)
 
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         qid, stem, options, gold = choices_record(data, "question")

@@ -39,7 +39,6 @@ import re
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
@@ -134,15 +133,6 @@ class GSM8KTask(ReasoningTask):
     def stop_strings(self, fmt: str) -> tuple[str, ...]:
         self.check_format(fmt)
         return ("Question:", "\n\n") if fmt == "fewshot" else super().stop_strings(fmt)
-
-    def file_in_dir(self, directory: Path, split: str) -> Path:
-        path = directory / f"{split}.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{directory} has no {path.name} for split {split!r}")
-        return path
-
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         if not isinstance(data, dict):

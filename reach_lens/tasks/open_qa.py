@@ -18,7 +18,6 @@ import hashlib
 import re
 from collections.abc import Iterator
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
@@ -27,16 +26,6 @@ from reach_lens.tasks.short_answer import ShortAnswerTask, unique_aliases
 from reach_lens.tasks.sources import Row
 
 TRIVIA_SHOTS = 5
-
-
-class _JsonlTask(ShortAnswerTask):
-    """Local files are ``{split}.jsonl`` in the task's own layout."""
-
-    def file_in_dir(self, directory: Path, split: str) -> Path:
-        return sources.first_file(directory, (f"{split}.jsonl",), split)
-
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
 
 def _object(data: Any) -> dict:
@@ -52,7 +41,7 @@ def _question(data: dict, field: str = "question") -> str:
     return text.strip()
 
 
-class TriviaQATask(_JsonlTask):
+class TriviaQATask(ShortAnswerTask):
     name = "trivia_qa"
     default_split = "validation"
     hf_config = "rc.wikipedia.nocontext"
@@ -94,7 +83,7 @@ def _trivia_shots() -> tuple[Question, ...]:
     return tuple(sorted(everything, key=lambda q: (_shot_rank(q.id), q.id))[:TRIVIA_SHOTS])
 
 
-class NQOpenTask(_JsonlTask):
+class NQOpenTask(ShortAnswerTask):
     name = "nq_open"
     stops = ("Question:", "Q:", "\n\n")
     default_split = "validation"
@@ -125,7 +114,7 @@ def _nq_shots() -> str:
 _JEOPARDY_QUERY = re.compile(r"^Category: (.*?)\nQuestion: (.*)\nAnswer:$", re.DOTALL)
 
 
-class JeopardyTask(_JsonlTask):
+class JeopardyTask(ShortAnswerTask):
     name = "jeopardy"
     stops = ("\n\n", "Question:", "Category:")
     default_split = "train"  # MosaicML's gauntlet set is one split, named train on the hub

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from reach_lens.tasks import sources
@@ -45,11 +44,6 @@ class SquadTask(ShortAnswerTask):
                              "pass a source (a local file or the Hugging Face 'squad' dataset) for other splits")
         return sources.embedded_request_rows("squad")
 
-    def file_in_dir(self, directory: Path, split: str) -> Path:
-        return sources.first_file(directory, (f"{split}.jsonl",), split)
-
-    def file_rows(self, path: Path) -> Iterator[Row]:
-        return sources.jsonl_rows(path)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         if not isinstance(data, dict):
