@@ -51,9 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     loop, started = cli.setup(args), time.time()
-    sources = {t: (args.source, args.split) for t in args.tasks}
-    sources |= {"logiqa": (args.logiqa_source, None)} if args.logiqa_source else {}
-    cells = {t: (get_task(t), source, split) for t, (source, split) in sources.items()}
+    cells = {name: (task, args.source, args.split) for name, task in cli.tasks(args).items()}
+    cells |= {"logiqa": (get_task("logiqa"), args.logiqa_source, None)} if args.logiqa_source else {}
     check_formats(args.fmt, [task for task, _, _ in cells.values()])
     questions = {t: cli.questions(task, source, split, args.n, args.seed) for t, (task, source, split) in cells.items()}
     rows, protocols = [], []

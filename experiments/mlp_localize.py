@@ -40,7 +40,6 @@ from reach_lens.generate import engine_for
 from reach_lens.models import model_fingerprint, prune_magnitude
 from reach_lens.protocol import Protocol
 from reach_lens.store import RunStore
-from reach_lens.tasks import check_formats, get_task
 
 say = logs.say("mlp_localize")
 
@@ -88,8 +87,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--planted-strength", type=cli.positive_float, default=None,
                    help="strength of the plant (default: the smallest power of 2 that fails >= half of the measured)")
     args = p.parse_args(argv)
-    if get_task(args.task).kind != "mc":
-        p.error(f"argument --task: {args.task!r} is not multiple choice: the failure criterion needs recognition")
     if (args.units == "sae") != (args.sae is not None):
         p.error("--units sae and --sae PATH go together (the latents of the SAE at PATH replace MLP units)")
     return args
@@ -108,8 +105,10 @@ def load_unit_sae(path, model):
 def main(argv=None) -> int:
     args = parse_args(argv)
     loop, started = cli.setup(args), time.time()
-    task = get_task(args.task)
-    check_formats(args.fmt, [task])
+    (task,) = cli.tasks(args).values()
+    if task.kind != "mc":
+        raise UserError(f"--task {args.task}: {task.name!r} is not multiple choice: the failure criterion needs "
+                        "recognition (option likelihoods)")
     questions = cli.questions(task, args.source, args.split, args.n, args.seed)
     say(f"loading model {args.model or 'smollm2-135m-instruct (embedded)'}")
     model = cli.load(args)
@@ -133,7 +132,7 @@ def main(argv=None) -> int:
     protocol = Protocol.of(study="mlp_localize", facts=engine_for(model).describe(), task=task, questions=questions,
                            source=args.source, split=args.split, seed=args.seed, fmt=args.fmt, probe="screen",
                            settings={**settings, "layers": layers})
-    tag = f"{model.cfg.model_name}-{args.task}-n{len(questions)}-s{args.seed}"
+    tag = f"{model.cfg.model_name}-{task.name}-n{len(questions)}-s{args.seed}"
     tag += "" if plant_layer is None else f"-planted{'-units' if plant == 'units' else ''}{plant_layer}"
     tag += "" if sae is None else f"-sae{settings['sae']['weights'][:8]}"
     run_dir = args.out / tag

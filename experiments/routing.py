@@ -56,7 +56,6 @@ from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, Rout
                                 random_method, search_rows)
 from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
-from reach_lens.tasks import check_formats, get_task
 
 SAY = logs.say("routing")
 
@@ -119,9 +118,7 @@ def search_cell(model, label: str, task, qs, args, loop) -> tuple[Protocol, RunS
 def main(argv=None) -> int:
     args = parse_args(argv)
     loop, started = cli.setup(args), time.time()
-    tasks = {t: get_task(t) for t in args.tasks}
-    check_formats(args.fmt, tasks.values())
-    questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
+    tasks, questions = cli.question_sets(args)
     base = cli.load(args)
     L, space1 = base.cfg.n_layers, analysis.gains_space(args.spaces)
     cells, protocols = {}, []

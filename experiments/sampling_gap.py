@@ -29,7 +29,6 @@ from reach_lens.generate import engine_for
 from reach_lens.protocol import Protocol
 from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
-from reach_lens.tasks import check_formats, get_task
 
 
 SAY = logs.say("sampling_gap")
@@ -46,10 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--T", type=cli.positive_float, default=0.8, help="temperature of the main table")
     p.add_argument("--temperatures", type=cli.positive_float, nargs="+", default=[0.4, 0.8, 1.2],
                    help="temperatures of the sweep figure (the main T is always included)")
-    args = p.parse_args(argv)
-    if args.source is not None and len(args.tasks) > 1:
-        p.error(f"--source {args.source!r} names one data source for {len(args.tasks)} tasks: give one --tasks with it")
-    return args
+    return p.parse_args(argv)
 
 
 def engine_suffix(protocols: Sequence[Protocol]) -> str:
@@ -99,14 +95,12 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, pd.DataFrame, li
 def main(argv=None) -> int:
     args = parse_args(argv)
     loop, started = cli.setup(args), time.time()
-    tasks = [get_task(t) for t in args.tasks]
-    check_formats(args.fmt, tasks)
-    question_sets = [cli.questions(task, args.source, args.split, args.n, args.seed) for task in tasks]
+    tasks, question_sets = cli.question_sets(args)
     rows, gaps, protocols = [], [], []
     for model_name in args.models:
         model = cli.load_engine(args, model_name)
-        for task, questions in zip(tasks, question_sets):
-            row, gap, used = run_cell(model, task, questions, args, loop)
+        for name, task in tasks.items():
+            row, gap, used = run_cell(model, task, question_sets[name], args, loop)
             rows.append(row)
             gaps.append(gap)
             protocols += used

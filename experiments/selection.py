@@ -37,7 +37,6 @@ from reach_lens.routing import (ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, a
 from reach_lens.runs import publish, summary_dir
 from reach_lens.select import SELECTORS
 from reach_lens.store import RunStore
-from reach_lens.tasks import check_formats, get_task
 
 SAY = logs.say("selection")
 MODELS, TASKS = ("embedded", "pruned"), ("squad", "arc_easy")  # free-form beside multiple choice (and its floor)
@@ -90,9 +89,7 @@ def run_cell(model, label: str, task, qs, args, loop) -> tuple[list[Protocol], R
 def main(argv=None) -> int:
     args = parse_args(argv)
     loop, started = cli.setup(args), time.time()
-    tasks = {t: get_task(t) for t in args.tasks}
-    check_formats(args.fmt, tasks.values())
-    questions = {t: cli.questions(task, args.source, args.split, args.n, args.seed) for t, task in tasks.items()}
+    tasks, questions = cli.question_sets(args)
     base = cli.load(args)
     recoveries, sweeps, protocols = [], [], []
     for label in args.models:

@@ -28,7 +28,7 @@ from reach_lens import cli, logs, plots
 from reach_lens.errors import UserError
 from reach_lens.models import EMBEDDED_MODELS, checkpoint_tokenizer, local_checkpoint
 from reach_lens.rlvr.recipes import KINDS, PROMPT_FILTERS, base_name, checkpoints_root, default_recipe
-from reach_lens.tasks import FORMATS, TASK_NAMES, get_task
+from reach_lens.tasks import FORMATS, get_task, task_names
 
 SAY = logs.say("train_rlvr")
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="base model: an embedded one by name or a Hugging Face checkpoint directory (default: the "
                         "embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--task", default="squad", choices=TASK_NAMES, metavar="TASK",
+    p.add_argument("--task", default="squad", choices=task_names(), metavar="TASK",
                    help="training task (its grader is the reward; default squad)")
     p.add_argument("--source", default=None, help="task data (default: the embedded data)")
     p.add_argument("--fmt", default="auto", choices=FORMATS,
@@ -69,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bfloat16 or float16 (part of the recipe, so of the checkpoint's name)")
     p.add_argument("--threads", type=cli.positive_int, default=None, help="torch CPU threads (1 on a shared machine)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint root (default <cache>/checkpoints/rlvr)")
-    p.add_argument("--reward-density", nargs="+", default=None, choices=TASK_NAMES, metavar="TASK",
+    p.add_argument("--reward-density", nargs="+", default=None, choices=task_names(), metavar="TASK",
                    help="train nothing: measure the base model's reward density (share of correct samples at T=0.8, "
                         "K=8) on --density-n training questions of each TASK, the measurement a task is chosen by")
     p.add_argument("--density-n", type=cli.positive_int, default=40, help="questions per task for --reward-density")

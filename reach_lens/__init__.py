@@ -25,9 +25,9 @@ from reach_lens.runs import RunLoop
 from reach_lens.select import majority_vote
 from reach_lens.stats import guessing_floor, wilson_interval
 from reach_lens.store import RunStore
-from reach_lens.tasks import TASK_NAMES, get_task, subsample
+from reach_lens.tasks import get_task, register_task, subsample, task_names
 
-__all__ = ["Latents", "Protocol", "Route", "RunLoop", "RunStore", "Silence", "Steer", "TASK_NAMES", "Units",
+__all__ = ["Latents", "Protocol", "Route", "RunLoop", "RunStore", "Silence", "Steer", "Units",
            "__version__", "deploy", "get_task", "guessing_floor", "hooks_for", "intervention_from_dict", "load_model",
            "majority_vote", "prune_magnitude", "reach_curve", "recognize", "record_table", "route", "sample",
            "subsample", "summarize", "wilson_interval"]

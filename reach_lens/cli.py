@@ -35,14 +35,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
 from reach_lens import logs
 from reach_lens.errors import UserError
 from reach_lens.runs import RunLoop
-from reach_lens.tasks import FORMATS, TASK_NAMES
+from reach_lens.tasks import FILE_SCHEMES, FORMATS, LM_EVAL_SCHEME, TASK_FORMS, check_formats, check_task_name, get_task
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,6 +74,30 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} out of range: expected a number > 0")
     return value
+
+
+def top_p(text: str) -> float:
+    """A nucleus mass: a number with 0 < p <= 1."""
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} out of range: expected a number with 0 < top_p <= 1")
+    return value
+
+
+def labelled_model(text: str) -> tuple[str, str]:
+    """``LABEL=MODEL`` or ``MODEL`` (labelled by its last path component): a checkpoint of a comparison, anything
+    ``load_model`` takes; a local-looking path must exist, and ``base`` is the base model's label."""
+    label, sep, model = text.partition("=")
+    if not sep:
+        label, model = Path(text.rstrip("/")).name.removesuffix(".gguf"), text
+    if not label or not model:
+        raise argparse.ArgumentTypeError(f"{text!r} is not [LABEL=]MODEL (e.g. rl=/path/to/checkpoint)")
+    if label == "base":
+        raise argparse.ArgumentTypeError("label 'base' is the base model's (--model); pick another label")
+    if model.startswith((".", "/", "~")) and not Path(model).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{model!r} does not exist: expected a checkpoint directory, a .gguf file, a "
+                                         "PEFT adapter directory, or a model name")
+    return label, model
 
 
 def existing_path(text: str) -> Path:
@@ -149,20 +173,38 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
     return p
 
 
+def task_name(text: str) -> str:
+    """A task ``get_task`` can make: a registered name, ``jsonl:PATH`` (and json:, csv:, parquet:) or ``lm-eval:...``."""
+    try:
+        return check_task_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def field_mapping(text: str) -> tuple[str, str]:
+    """``ROLE=FIELD`` of a file task's field mapping (``question=prompt``, ``answer=gold.value``)."""
+    role, sep, name = text.partition("=")
+    if not sep or not role.strip() or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROLE=FIELD (e.g. question=prompt, choices=A,B,C,D)")
+    return role.strip(), name.strip()
+
+
 def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | None = None,
          n_all: bool = False) -> argparse.ArgumentParser:
     """Question-set arguments (an argparse parent): ``--task`` (default ``task``) or ``--tasks`` (default ``tasks``),
-    ``--source``, ``--split``, ``--n`` (default ``n``; with ``n_all`` also ``all``: None, every question of the
-    source), ``--fmt`` and ``--chunk`` (questions per stored chunk)."""
+    each a registered name, a file of one's own (``jsonl:PATH``, with ``--fields``, ``--grader``, ``--shots``) or an
+    lm-evaluation-harness task (``lm-eval:NAME|YAML``, with ``--lm-eval-*``); ``--source``, ``--split``, ``--n``
+    (default ``n``; with ``n_all`` also ``all``: None, every question of the source), ``--fmt`` and ``--chunk``
+    (questions per stored chunk). ``question_sets`` makes the tasks and their questions."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("questions")
     if tasks is not None:
-        g.add_argument("--tasks", nargs="+", default=list(tasks), choices=TASK_NAMES, metavar="TASK",
-                       help=f"tasks, one cell each (default {' '.join(tasks)}; choices: {', '.join(TASK_NAMES)})")
+        g.add_argument("--tasks", nargs="+", default=list(tasks), type=task_name, metavar="TASK",
+                       help=f"tasks, one cell each (default {' '.join(tasks)}); each {TASK_FORMS}")
     else:
-        g.add_argument("--task", default=task, choices=TASK_NAMES,
-                       help=f"task (default {task}; choices: {', '.join(TASK_NAMES)})")
-    g.add_argument("--source", default=None, help="data file/dir or HF dataset name (default: the embedded data)")
+        g.add_argument("--task", default=task, type=task_name, help=f"task (default {task}): {TASK_FORMS}")
+    g.add_argument("--source", default=None, help="data file/dir or HF dataset name of a registered task in its "
+                                                  "dataset's own layout (default: the embedded data)")
     g.add_argument("--split", default=None, help="split of the source: test, validation, ... (default: the task's)")
     g.add_argument("--n", type=positive_int_or_all if n_all else positive_int, default=n,
                    help=f"questions per task (default {n}" + ("; 'all' for every question of the source)" if n_all
@@ -171,8 +213,19 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
                    help="prompt format: auto (default: each task's own, the few-shot text for short-answer tasks and "
                         "the chat template for the others, plain text for a model without one), native (the chat "
                         "template), shared (plain zero-shot text), fewshot (fixed worked shots first; short-answer "
-                        "tasks and gsm8k)")
+                        "tasks, gsm8k, a file task with --shots)")
     g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
+    own = p.add_argument_group("a task of your own: a file (jsonl:PATH, json:, csv:, parquet:)")
+    own.add_argument("--fields", type=field_mapping, nargs="+", default=None, metavar="ROLE=FIELD",
+                     help="the file's field of each role: question, context, answer (one string or a list of "
+                          "aliases), choices (a list, or columns A,B,C,D), label, id; a dotted path reads nested "
+                          "objects (default: the common field names)")
+    own.add_argument("--grader", default=None, choices=("mc_letter", "short_answer_em", "number_final", "math_verify"),
+                     help="how answers are graded (default: mc_letter when records have choices, else "
+                          "short_answer_em)")
+    own.add_argument("--shots", type=existing_path, default=None,
+                     help="a second file of solved examples in the same layout, shown before every question (the "
+                          "fewshot format)")
     return p
 
 
@@ -298,6 +351,50 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
                           tensor_parallel_size=args.n_devices, seed=args.seed, device=args.device.split(":")[0])
     except (ImportError, DeviceMismatch) as e:
         raise UserError(str(e)) from e
+
+
+_FILE_OPTIONS = ("fields", "grader", "shots")
+
+
+def _task_options(args: argparse.Namespace, name: str) -> dict:
+    """The options ``get_task`` passes to the factory of task ``name`` (those the user gave)."""
+    scheme = name.partition(":")[0]
+    if scheme in FILE_SCHEMES:
+        given = {key: getattr(args, key, None) for key in _FILE_OPTIONS}
+        if given["fields"] is not None:
+            given["fields"] = dict(given["fields"])
+        return {key: value for key, value in given.items() if value is not None}
+    return {}
+
+
+def tasks(args: argparse.Namespace) -> dict[str, Any]:
+    """The tasks of ``--task`` / ``--tasks`` by name, with their options, checked before any model loads: options no
+    task takes, two tasks of one name, ``--source`` for several tasks and a ``--fmt`` a task lacks are refused."""
+    names = list(args.tasks) if hasattr(args, "tasks") else [args.task]
+    for key in _FILE_OPTIONS:
+        if getattr(args, key, None) is not None and not any(n.partition(":")[0] in FILE_SCHEMES for n in names):
+            raise UserError(f"--{key} is for a task read from a file (jsonl:PATH, json:, csv:, parquet:); the tasks "
+                            f"are {', '.join(names)}")
+    if args.source is not None and len(names) > 1:
+        raise UserError(f"--source {args.source!r} names one data source for {len(names)} tasks: give one task with it")
+    built: dict[str, Any] = {}
+    for name in names:
+        try:
+            task = get_task(name, **_task_options(args, name))
+        except (OSError, ValueError, ImportError) as e:
+            raise UserError(f"task {name!r}: {e}") from e
+        if task.name in built:
+            raise UserError(f"two tasks are named {task.name!r} ({name} and another): name them apart")
+        built[task.name] = task
+    check_formats(args.fmt, built.values())
+    return built
+
+
+def question_sets(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list]]:
+    """(tasks by name, their ``--n`` questions by task name): ``tasks(args)``, then ``questions`` of each from
+    ``--source``/``--split``; everything a user's input can get wrong is refused here, before any model loads."""
+    built = tasks(args)
+    return built, {name: questions(task, args.source, args.split, args.n, args.seed) for name, task in built.items()}
 
 
 def load_source(task, source: str | None, split: str | None) -> list:

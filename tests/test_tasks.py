@@ -15,7 +15,7 @@ from conftest import SHARED_DATA as DATA  # ../shared/data beside the checkout
 from conftest import needs_shared_data, require_shared_data
 
 from reach_lens import cache
-from reach_lens.tasks import TASK_NAMES, Graded, Question, get_task, sources, subsample
+from reach_lens.tasks import Graded, Question, get_task, register_task, sources, subsample, task_names
 from reach_lens.tasks.arithmetic import difficulty, evaluate
 from reach_lens.tasks.dart import answer_shape, extract_answer, reference_shape
 from reach_lens.tasks.gsm8k import extract_number
@@ -463,7 +463,7 @@ def test_math_shape_rule_accepts_every_reference():
 
 def test_grader_names_and_versions():
     math_verify = importlib.metadata.version("math-verify")
-    graders = {n: get_task(n).grader for n in TASK_NAMES}
+    graders = {n: get_task(n).grader for n in task_names()}
     assert graders == {"arc_easy": "mc_letter/2", "arc_challenge": "mc_letter/2", "piqa": "mc_letter/2",
                        "logiqa": "mc_letter/2", "sciq": "mc_letter/2", "openbookqa": "mc_letter/2",
                        "commonsense_qa": "mc_letter/2", "gsm8k": "number_final/2", "basic_arithmetic": "number_final/2",
@@ -653,17 +653,19 @@ def test_missing_shared_data_skips_here_and_fails_under_ci(tmp_path, monkeypatch
 
 
 def test_registry():
-    assert TASK_NAMES == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart",
+    assert task_names()[:14] == ("arc_easy", "arc_challenge", "gsm8k", "piqa", "logiqa", "dart",
                           "basic_arithmetic", "sciq", "openbookqa", "commonsense_qa", "squad", "trivia_qa", "nq_open",
                           "jeopardy")
-    kinds = {n: get_task(n).kind for n in TASK_NAMES}
+    kinds = {n: get_task(n).kind for n in task_names()[:14]}
     assert kinds == {"arc_easy": "mc", "arc_challenge": "mc", "gsm8k": "numeric", "piqa": "mc", "logiqa": "mc",
                      "dart": "math", "basic_arithmetic": "numeric", "sciq": "mc", "openbookqa": "mc",
                      "commonsense_qa": "mc", "squad": "short_answer", "trivia_qa": "short_answer",
                      "nq_open": "short_answer", "jeopardy": "short_answer"}
-    with pytest.raises(ValueError, match="unknown task 'arc'; valid: arc_easy, arc_challenge, gsm8k, piqa, logiqa, "
-                                         "dart, basic_arithmetic, sciq, openbookqa, commonsense_qa, squad"):
+    with pytest.raises(ValueError, match="unknown task 'arc': expected a registered name, jsonl:PATH, .*; registered: "
+                                         "arc_easy, arc_challenge, gsm8k, piqa, logiqa, dart, basic_arithmetic"):
         get_task("arc")
+    with pytest.raises(TypeError, match="task 'squad' takes no options"):
+        get_task("squad", grader="mc_letter")
 
 
 def test_subsample_is_order_independent():
