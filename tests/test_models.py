@@ -180,13 +180,13 @@ def test_loaded_weights_equal_transformer_lens_own_unprocessed_load(tmp_path, ar
     parameters and buffers as TransformerLens's load_and_process_state_dict with all processing off."""
     from transformer_lens import HookedTransformer
 
-    from reach_lens.architectures import CONVERTERS, hooked_config
+    from reach_lens.architectures import ARCHITECTURES, hooked_config
 
     hf = save_checkpoint(tmp_path, arch)
     ours = load_model(tmp_path)
     cfg = hooked_config(hf.config)
     reference = HookedTransformer(cfg, move_to_device=False)
-    reference.load_and_process_state_dict(CONVERTERS[cfg.original_architecture](hf, cfg), fold_ln=False,
+    reference.load_and_process_state_dict(ARCHITECTURES[cfg.original_architecture].converter(hf, cfg), fold_ln=False,
                                           center_writing_weights=False, center_unembed=False,
                                           fold_value_biases=False, refactor_factored_attn_matrices=False)
     expected = reference.state_dict()
