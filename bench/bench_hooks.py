@@ -27,7 +27,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model = load_model()
     tokens = torch.randint(0, model.cfg.d_vocab, (16, 128), generator=torch.Generator().manual_seed(0))
-    hooks = Silence(model.cfg.n_layers // 2, "mlp").hooks(model)
+    hooks = Silence(model.cfg.n_layers // 2, "hook_mlp_out").hooks(model)
     times = {"plain": [], "hooked": []}
     with torch.no_grad():
         model(tokens[:2, :16])  # warm-up

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
     print("[gpu_check] 3/3 one MLP-sweep condition", flush=True)
     sweep_questions = questions[:48]
-    silenced = [Silence(15, "mlp")]
+    silenced = [Silence(15, "hook_mlp_out")]
     t_cond, _ = timed(lambda: probes.deploy(gpu, task, sweep_questions, "native", interventions=silenced,
                                             batch_size=128))
     rows.append(("MLP sweep condition (48 questions, MLP 15 silenced)", f"{t_cond:.2f} s", ""))

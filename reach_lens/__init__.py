@@ -7,7 +7,7 @@ study helpers live in their modules.
     model = load_model()                                  # the embedded SmolLM2-135M-Instruct
     task = get_task("arc_easy")
     questions = task.load()[:8]
-    greedy = deploy(model, task, questions, "native", interventions=[Silence(20, "mlp")])
+    greedy = deploy(model, task, questions, "native", interventions=[Silence(20, "hook_mlp_out")])
 """
 
 from reach_lens.version import __version__

@@ -2,19 +2,24 @@
 
 Every intervention is a frozen dataclass (an `Intervention`): `hooks(model, source=None)` makes its TransformerLens
 hooks (`reach_lens.hooks`), `to_dict()` / `from_dict()` turn it into plain JSON and back (what a run's protocol
-records), `vectors()` gives its vectors by content hash. The probes and the generation engine take interventions
-and build their hooks themselves; `hooks_for(interventions, model)` gives them for a forward of your own:
+records), `vectors()` gives its vectors by content hash. Each subclass with a `kind` of its own is registered under
+that kind when it is defined, so `intervention_from_dict` reads every kind: reach_lens's own and yours. The probes
+and the generation engine take interventions and build their hooks themselves; `hooks_for(interventions, model)`
+gives them for a forward of your own:
 
-    with model.hooks(fwd_hooks=hooks_for([Silence(20, "mlp"), Steer(12, v, -4.0)], model)):
+    with model.hooks(fwd_hooks=hooks_for([Silence(20), Steer(12, v, -4.0, "hook_resid_post")], model)):
         logits = model(tokens)
 
 One convention for every intervention: where first, then what, then the mode, then its number.
 
-- **Where**: `layer`, the block, and `site`, the place the intervention acts on. `Silence.site` is the output of
-  block `layer` it replaces: "mlp" (`hook_mlp_out`), "attn" (`hook_attn_out`) or "layer" (both); `Steer.site` is
-  the hook point of block `layer` it adds at: "mlp_out", "attn_out", "resid_pre" or "resid_post"; `Latents.site`
-  (it has no layer) is the hook point its SAE is attached at, e.g. "blocks.3.hook_mlp_out". `Units` always act
-  at `blocks.{layer}.mlp.hook_post` and `Route` on whole layers, so they have no site.
+- **Where**: `layer`, the block, and `site`, the place: a TransformerLens hook name, relative to the block
+  (`"hook_mlp_out"`, `"hook_attn_out"`, `"hook_resid_pre"`, `"hook_resid_mid"`, `"hook_resid_post"`,
+  `"mlp.hook_post"`, ...) or full (`"blocks.3.hook_mlp_out"`; `"hook_embed"` with layer None), turned into the hook
+  point by `hooks.hook_point`. `Silence.site` is the hook point replaced (default `"hook_mlp_out"`, what the MLP
+  adds to the residual stream; `LAYER_OUTPUTS` for the whole layer), `Steer.site` the one added at; `Latents.site`
+  (it has no layer) is the full name of the hook point its SAE is attached at. `Units` always act at
+  `mlp.hook_post` and `Route` on whole layers, so they have no site. A site in block `layer` is recorded relative
+  to it (`Silence(3, "blocks.3.hook_mlp_out") == Silence(3)`).
 - **Mode words**: "zero" (replace by zeros), "mean" (replace by a mean), "keep" (zero all others), "scale"
   (multiply by `factor`, which mode "scale" requires and the others refuse); `Steer` adds `alpha * v`.
 - **Vectors** are given as tensors (or arrays, or sequences) and recorded in protocols by their content hash;
@@ -22,8 +27,13 @@ One convention for every intervention: where first, then what, then the mode, th
 - **Positions**: hooks acting at chosen positions (`Steer(positions=...)`, a per-position `Silence` mean) read
   each batch row's positions from `source`, the engine's `PositionSource`, when built with one, and otherwise
   find them from the forward itself (a plain forward, TransformerLens's `generate`: `hooks.PositionTracker`).
+- **Older records**: sites were once words of their own. Stored records with them still read, as the hook names
+  they meant (`older_sites`): Silence "mlp", "attn", "layer" as "hook_mlp_out", "hook_attn_out", `LAYER_OUTPUTS`;
+  Steer "mlp_out", "attn_out", "resid_pre", "resid_post" as "hook_mlp_out", ... The constructors take hook names
+  only, and name the one an older word meant.
 """
 import hashlib
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -36,12 +46,14 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import (SILENCE_MODES, SILENCE_SITES, STEER_SITES, UNIT_MODES, Hooks, check_choice,
-                              positionwise, silence_hooks, steer_hooks, through_saes, unit_hooks)
+from reach_lens.hooks import (LAYER_OUTPUTS, SILENCE_MODES, UNIT_MODES, Hooks, check_choice, hook_point,
+                              positionwise, silence_hooks, split_hook_point, steer_hooks, through_saes, unit_hooks)
 from reach_lens.positions import PositionSource
 from reach_lens.routes import is_skip_only, validate_route
 
 LATENT_MODES = ("zero", "scale")
+KIND_MODULES = ("reach_lens.localize.plants",)  # reach_lens's modules that define kinds besides this one
+Site = Union[str, tuple[str, ...]]
 
 
 def _floats(x: Iterable[float]) -> tuple[float, ...]:
@@ -61,10 +73,37 @@ def _integers(name: str, values: Iterable) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _layer(kind: str, layer: object) -> int:
+def _layer(kind: str, layer: object, optional: bool = False) -> Optional[int]:
+    if layer is None and optional:
+        return None
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-        raise TypeError(f"{kind}: layer {layer!r} must be an int")
+        raise TypeError(f"{kind}: layer {layer!r} must be an int{' or None' if optional else ''}")
     return int(layer)
+
+
+def _place(kind: str, layer: object, site: object, older: Mapping[str, Site], many: bool = False
+           ) -> tuple[Optional[int], Site]:
+    """`layer` and `site` (one hook name, or with `many` a sequence of them) checked by `hooks.hook_point`, in the
+    form they are recorded in: sites in block `layer` relative to it; a layer None whose sites are full names in one
+    block takes that block. `older`: the older site words of the kind, refused naming the hook name they meant."""
+    layer = _layer(kind, layer, optional=True)
+    sites = tuple(site) if many and isinstance(site, Sequence) and not isinstance(site, str) else (site,)
+    if not sites:
+        raise ValueError(f"{kind}: site is empty; name at least one hook point")
+    word = next((s for s in sites if isinstance(s, str) and s in older), None)
+    if word is not None:
+        meant = older[word]
+        meant = f"LAYER_OUTPUTS {meant!r}" if meant == LAYER_OUTPUTS else repr(meant)
+        raise ValueError(f"{kind}: site {word!r} is a word of older records; sites are TransformerLens hook names: "
+                         f"use site={meant}")
+    names = [hook_point(s, layer) for s in sites]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{kind}: site {site!r} names a hook point twice")
+    blocks = {split_hook_point(name)[0] for name in names}
+    if layer is None and len(blocks) == 1 and None not in blocks:
+        layer = blocks.pop()
+    recorded = tuple(name if layer is None else split_hook_point(name)[1] for name in names)
+    return layer, recorded[0] if len(recorded) == 1 else recorded
 
 
 def _factor(kind: str, mode: str, factor: object, what: str) -> Optional[float]:
@@ -149,14 +188,41 @@ def _vector_from_dict(value, vectors: "Mapping[str, np.ndarray] | Path | str | N
     return vector
 
 
+_KINDS: dict[str, type["Intervention"]] = {}  # kind -> class, filled as subclasses are defined
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class Intervention(ABC):
     """What every intervention is: a frozen dataclass with a `kind`, its hooks, and its JSON form.
 
-    Subclass it (as a frozen dataclass) for an intervention of your own: the probes and the engine run any.
-    `vector_fields` name its `Vector` fields (recorded by hash)."""
+    Subclass it (as a frozen dataclass) for an intervention of your own: the probes and the engine run any. A
+    subclass that sets its own `kind` is registered under it when defined (`intervention_from_dict` reads it back);
+    a kind another class holds is refused, and defining the same class again (same module and qualified name: a
+    reloaded module, a notebook cell run twice) replaces it. A subclass without a `kind` of its own (a base for
+    others) is not registered. `vector_fields` name its `Vector` fields (recorded by hash); `older_sites` map site
+    words of older records of its kind to the sites they read as. Name its place with `hooks.hook_point`."""
 
     kind: ClassVar[str]
     vector_fields: ClassVar[tuple[str, ...]] = ()
+    older_sites: ClassVar[Mapping[str, Site]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:
+            return
+        kind = cls.kind
+        if not isinstance(kind, str) or not kind:
+            raise TypeError(f"{_qualified(cls)}.kind {kind!r} must be a non-empty str")
+        held = _KINDS.get(kind)
+        if held is not None and _qualified(held) != _qualified(cls):
+            raise ValueError(f"intervention kind {kind!r} of {_qualified(cls)} is taken by {_qualified(held)}; "
+                             f"give {cls.__name__} a kind of its own")
+        for other in [k for k, c in _KINDS.items() if _qualified(c) == _qualified(cls)]:  # redefined, maybe renamed
+            del _KINDS[other]
+        _KINDS[kind] = cls
 
     @abstractmethod
     def hooks(self, model: HookedTransformer, source: Optional[PositionSource] = None) -> Hooks:
@@ -177,7 +243,8 @@ class Intervention(ABC):
 
     @classmethod
     def from_dict(cls, d: dict, vectors: Mapping[str, np.ndarray] | Path | str | None = None):
-        """The intervention of `d` (its `to_dict()`); vectors recorded by hash are read from `vectors`."""
+        """The intervention of `d` (its `to_dict()`); vectors recorded by hash are read from `vectors`; an older
+        site word (`older_sites`) reads as the site it meant."""
         if d.get("kind") != cls.kind:
             raise ValueError(f"kind {d.get('kind')!r} is not {cls.kind!r}")
         names = {f.name for f in fields(cls)}
@@ -185,6 +252,9 @@ class Intervention(ABC):
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)} for {cls.kind}; valid: {sorted(names)}")
         values = {k: _tupled(v) for k, v in d.items() if k != "kind"}
+        site = values.get("site")
+        if isinstance(site, str) and site in cls.older_sites:
+            values["site"] = cls.older_sites[site]
         for name in cls.vector_fields:
             if values.get(name) is not None:
                 values[name] = _vector_from_dict(d[name], vectors, f"{cls.kind}.{name}")
@@ -201,20 +271,22 @@ def _tupled(x):
 
 @dataclass(frozen=True)
 class Silence(Intervention):
-    """Replace what the "mlp", the "attn" or the whole "layer" (`site`) of `layer` adds to the residual stream: by
-    zeros (mode "zero") or by `mean` (mode "mean": [d_model], or [pos, d_model] by absolute position); see
-    `hooks.silence_hooks`."""
+    """Replace the activations at `site` of `layer` (one hook name or several; default the MLP's output, what it adds
+    to the residual stream; `LAYER_OUTPUTS` for the whole layer): by zeros (mode "zero") or by `mean` (mode "mean",
+    one site: [d], or [pos, d] by absolute position, for activations [batch, pos, d]); see `hooks.silence_hooks`."""
 
-    layer: int
-    site: str = "mlp"
+    layer: Optional[int]
+    site: Site = "hook_mlp_out"
     mode: str = "zero"
     mean: Optional[Vector] = None
     kind: ClassVar[str] = "silence"
     vector_fields: ClassVar[tuple[str, ...]] = ("mean",)
+    older_sites: ClassVar[Mapping[str, Site]] = {"mlp": "hook_mlp_out", "attn": "hook_attn_out", "layer": LAYER_OUTPUTS}
 
     def __post_init__(self):
-        object.__setattr__(self, "layer", _layer("Silence", self.layer))
-        check_choice("site", self.site, tuple(SILENCE_SITES))
+        layer, site = _place("Silence", self.layer, self.site, self.older_sites, many=True)
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "site", site)
         check_choice("mode", self.mode, SILENCE_MODES)
         if self.mean is not None:
             object.__setattr__(self, "mean", Vector.of(self.mean))
@@ -226,20 +298,24 @@ class Silence(Intervention):
 
 @dataclass(frozen=True)
 class Steer(Intervention):
-    """Add `alpha * v` at `blocks.{layer}.hook_{site}`, at every position or at `positions` (negative: from the
-    prompt's end); `v` is a [d_model] tensor (or array, or sequence); see `hooks.steer_hooks`."""
+    """Add `alpha * v` at `site` of `layer` (a hook name; default the MLP's output), at every position or at
+    `positions` (negative: from the prompt's end); `v` is a [d_model] tensor (or array, or sequence), and the
+    activations at `site` must end in d_model; see `hooks.steer_hooks`."""
 
-    layer: int
+    layer: Optional[int]
     v: Vector
     alpha: float
-    site: str = "mlp_out"
+    site: str = "hook_mlp_out"
     positions: Optional[tuple[int, ...]] = None
     kind: ClassVar[str] = "steer"
     vector_fields: ClassVar[tuple[str, ...]] = ("v",)
+    older_sites: ClassVar[Mapping[str, Site]] = {w: f"hook_{w}" for w in ("mlp_out", "attn_out", "resid_pre",
+                                                                            "resid_post")}
 
     def __post_init__(self):
-        object.__setattr__(self, "layer", _layer("Steer", self.layer))
-        check_choice("site", self.site, STEER_SITES)
+        layer, site = _place("Steer", self.layer, self.site, self.older_sites)
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "site", site)
         object.__setattr__(self, "v", Vector.of(self.v))
         if len(self.v.shape) != 1:
             raise ValueError(f"Steer: v of shape {self.v.shape}; expected one [d_model] vector")
@@ -300,6 +376,7 @@ class Latents(Intervention):
         if ".hook_sae_" in site:
             raise ValueError(f"site {site!r} names one of the SAE's own hook points; pass the hook the SAE is "
                              f"attached at: {site.split('.hook_sae_')[0]!r}")
+        hook_point(site)  # a full hook name
         ids = self.latent_ids
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise ValueError(f"latent_ids must be a sequence of integers, got {ids!r}")
@@ -350,19 +427,30 @@ class Route(Intervention):
         if not is_skip_only(layers):
             raise ValueError(f"route {list(layers)} repeats or reorders layers: as hooks only skips work; run it "
                              "through the engine (reach_lens.generate.Request(route=...), probes.route)")
-        return [h for layer in range(n_layers) if layer not in layers for h in silence_hooks(model, layer, "layer")]
+        return [h for layer in range(n_layers) if layer not in layers
+                for h in silence_hooks(model, layer, LAYER_OUTPUTS)]
 
 
-KINDS = {cls.kind: cls for cls in (Silence, Steer, Units, Latents, Route)}
+def intervention_kinds() -> dict[str, type[Intervention]]:
+    """Every registered kind and its class: reach_lens's own (`KIND_MODULES` imported) and those of the
+    `Intervention` subclasses defined so far."""
+    for module in KIND_MODULES:
+        importlib.import_module(module)
+    return dict(_KINDS)
 
 
 def intervention_from_dict(d: dict, vectors: Mapping[str, np.ndarray] | Path | str | None = None) -> Intervention:
-    """Rebuild any intervention of `KINDS` from its `to_dict()`, dispatching on d["kind"]; vectors recorded by hash
-    are read from ``vectors`` (a mapping by sha256, or a run directory's ``vectors/`` folder)."""
+    """Rebuild an intervention of any registered kind from its `to_dict()`, dispatching on d["kind"]; vectors
+    recorded by hash are read from ``vectors`` (a mapping by sha256, or a run directory's ``vectors/`` folder).
+
+    A kind of your own is read once its class is defined: import its module before reading."""
     kind = d.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"unknown intervention kind {kind!r}; valid: {', '.join(map(repr, KINDS))}")
-    return KINDS[kind].from_dict(d, vectors)
+    cls = _KINDS.get(kind) or intervention_kinds().get(kind)
+    if cls is None:
+        raise ValueError(f"unknown intervention kind {kind!r}; registered: {', '.join(map(repr, _KINDS))} (a kind "
+                         "of your own is registered when its Intervention subclass is defined: import it before "
+                         "reading)")
+    return cls.from_dict(d, vectors)
 
 
 def hooks_for(interventions: Sequence[Intervention], model: HookedTransformer,

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import through_saes
+from reach_lens.hooks import split_hook_point, through_saes
 from reach_lens.unit_selection import unit_output_mass
 
 try:
@@ -70,9 +70,9 @@ def load_mlp_sae(path: str | Path, model: HookedTransformer) -> SAE:
     its hook ``blocks.L.hook_mlp_out`` with L a layer of the model, its ``d_in`` the model's ``d_model``."""
     sae = load_sae(path, device=str(model.cfg.device))
     hook = sae.cfg.metadata.hook_name
-    parts = hook.split(".")
-    if len(parts) != 3 or parts[0] != "blocks" or parts[2] != "hook_mlp_out" or not parts[1].isdigit() \
-            or not 0 <= int(parts[1]) < model.cfg.n_layers or sae.cfg.d_in != model.cfg.d_model:
+    block, within = split_hook_point(hook)
+    if block is None or within != "hook_mlp_out" or not 0 <= block < model.cfg.n_layers \
+            or sae.cfg.d_in != model.cfg.d_model:
         raise ValueError(f"SAE at {path}: hook {hook!r}, d_in {sae.cfg.d_in}; expected 'blocks.L.hook_mlp_out' with "
                          f"L in 0..{model.cfg.n_layers - 1} and d_in = d_model = {model.cfg.d_model}")
     return sae

@@ -20,7 +20,7 @@ def test_every_tensor_follows_the_model_not_the_default_device():
     model = make_tiny_model()
     requests = [Request((1, 2, 3, 4), 5, route=(0, 1, 1, 3)), Request((5, 6), 5, temperature=0.7, seed=1),
                 Request((7, 8, 9), 4, keep_hidden=True)]
-    ivs = [Steer(1, tuple([0.1] * model.cfg.d_model), 2.0, positions=(-1, 6)), Silence(2, "mlp")]
+    ivs = [Steer(1, tuple([0.1] * model.cfg.d_model), 2.0, positions=(-1, 6)), Silence(2, "hook_mlp_out")]
     expected = [engine_for(model).generate(requests, interventions=i, batch_size=2) for i in ((), ivs)]
     expected_ll = engine_for(model).loglik([LoglikRequest((1, 2), (3, 4))])
     torch.set_default_device("meta")
@@ -52,7 +52,7 @@ def test_bfloat16_end_to_end_agrees_with_float32():
     assert first >= 0.75
     routed = TransformerLensEngine(bf16).generate(
         [Request(prompts[0], 4, route=(0, 2, 2, 3), temperature=0.8, seed=3, keep_hidden=True)],
-        interventions=[Silence(1, "attn")])[0]
+        interventions=[Silence(1, "hook_attn_out")])[0]
     assert len(routed.tokens) >= 1 and routed.hidden.dtype == torch.float32
     assert all(torch.isfinite(torch.tensor(routed.token_logprobs)))
     ll = TransformerLensEngine(bf16).loglik([LoglikRequest(prompts[1][:-2], prompts[1][-2:])])

@@ -199,8 +199,8 @@ def test_sampling_gap_rerun_at_another_T_keeps_the_first_tables(tiny):
     (["--temperatures", "0.8", "0"], "--temperatures", "0.0 out of range: expected a number > 0"),
     (["--chunk", "0"], "--chunk", "0 out of range"),
     (["--batch-size", "-1"], "--batch-size", "-1 out of range"),
-    (["--tasks", "nope"], "--tasks", "invalid choice: 'nope'"),
-    (["--tasks", "arc_easy", "piqa", "--source", "x.jsonl"], "--source", "one data source for 2 tasks"),
+    (["--tasks", "nope"], "--tasks", "unknown task 'nope': expected a registered name, jsonl:PATH"),
+    (["--grader", "exact"], "--grader", "invalid choice: 'exact'"),
 ])
 def test_sampling_gap_bad_arguments_fail_before_anything_loads(tmp_path, monkeypatch, capsys, argv, option, says):
     monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the arguments were checked"))
@@ -210,6 +210,16 @@ def test_sampling_gap_bad_arguments_fail_before_anything_loads(tmp_path, monkeyp
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert (f"argument {option}" in err or option == "--source") and says in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sampling_gap_refuses_one_source_for_two_tasks_and_file_options_without_a_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "load", lambda *a, **k: pytest.fail("the model loaded before the arguments were checked"))
+    script = load_script("sampling_gap")
+    for argv, says in ((["--tasks", "arc_easy", "piqa", "--source", "x.jsonl"], "one data source for 2 tasks"),
+                       (["--tasks", "squad", "--grader", "mc_letter"], "--grader is for a task read from a file")):
+        with pytest.raises(cli.UserError, match=says):
+            script.main([*argv, "--out", str(tmp_path / "runs")])
     assert not (tmp_path / "runs").exists()
 
 

@@ -9,6 +9,7 @@ from transformer_lens import HookedTransformer
 
 from conftest import tiny_config
 from reach_lens import localize
+from reach_lens.hooks import LAYER_OUTPUTS
 from reach_lens.interventions import Route, Silence, Steer, hooks_for
 from reach_lens.models import encode
 
@@ -163,17 +164,17 @@ def test_silencing_a_layer_the_forward_does_not_use_changes_nothing(tiny_model):
     skip_two = Route((0, 1, 3))
     with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([skip_two], tiny_model)):
         routed = tiny_model(tokens)
-    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([skip_two, Silence(2, "mlp")], tiny_model)):
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([skip_two, Silence(2, "hook_mlp_out")], tiny_model)):
         routed_and_silenced = tiny_model(tokens)
     assert torch.equal(routed, routed_and_silenced)
-    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(3, "layer")], tiny_model)):
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(3, LAYER_OUTPUTS)], tiny_model)):
         partial = tiny_model(tokens, stop_at_layer=3)
         whole = tiny_model(tokens)
     assert torch.equal(partial, tiny_model(tokens, stop_at_layer=3))
     assert not torch.allclose(whole, tiny_model(tokens))  # the same hooks act on a forward that runs layer 3
-    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(2, "layer")], tiny_model)):
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(2, LAYER_OUTPUTS)], tiny_model)):
         assert not torch.allclose(tiny_model(tokens, stop_at_layer=3), partial)  # and a layer it runs is silenced
-    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(2, "mlp")], tiny_model)):
+    with torch.no_grad(), tiny_model.hooks(fwd_hooks=hooks_for([Silence(2, "hook_mlp_out")], tiny_model)):
         silenced = tiny_model(tokens)
     assert not torch.allclose(silenced, tiny_model(tokens))  # the same silencing acts where the layer runs
 
@@ -209,9 +210,9 @@ def test_planted_edit_lives_only_in_that_mlp(worded_model):
     with worded_model.hooks(fwd_hooks=hooks_for([Steer(2, tuple(push.tolist()), 4.0)], worded_model)):
         steered = worded_model(tokens)[0, -1]
     assert torch.allclose(steered, after, atol=1e-4)  # the edit is steering at that MLP's output
-    with worded_model.hooks(fwd_hooks=hooks_for([Silence(2, "mlp")], worded_model)):
+    with worded_model.hooks(fwd_hooks=hooks_for([Silence(2, "hook_mlp_out")], worded_model)):
         base_silenced = worded_model(tokens)
-    with planted.hooks(fwd_hooks=hooks_for([Silence(2, "mlp")], planted)):
+    with planted.hooks(fwd_hooks=hooks_for([Silence(2, "hook_mlp_out")], planted)):
         planted_silenced = planted(tokens)
     assert torch.equal(base_silenced, planted_silenced)  # silencing the block removes the edit entirely
     with pytest.raises(ValueError, match="layer 9 out of range"):
@@ -220,7 +221,8 @@ def test_planted_edit_lives_only_in_that_mlp(worded_model):
 
 def test_perturbed_activations_equal_full_forwards_under_each_intervention(worded_model):
     prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9", "w10 w11"]
-    perturbations = [Silence(1, "attn"), Silence(2, "mlp"), Silence(0, "mlp"), Silence(3, "attn")]
+    perturbations = [Silence(1, "hook_attn_out"), Silence(2, "hook_mlp_out"), Silence(0, "hook_mlp_out"),
+                     Silence(3, "hook_attn_out")]
     clean, fast = localize.perturbed_last_activations(worded_model, prompts, 3, perturbations, batch_size=2)
     for p, got in zip(perturbations, fast):
         full = localize.last_prompt_activations(worded_model, prompts, "blocks.3.mlp.hook_post", 2, [p])
@@ -230,7 +232,7 @@ def test_perturbed_activations_equal_full_forwards_under_each_intervention(worde
     assert torch.allclose(clean, one_by_one, atol=1e-5)
     assert not torch.allclose(fast[0], clean, atol=1e-3)  # the perturbation acted
     with pytest.raises(ValueError, match="acts after layer 2"):
-        localize.perturbed_last_activations(worded_model, prompts, 2, [Silence(3, "mlp")])
+        localize.perturbed_last_activations(worded_model, prompts, 2, [Silence(3, "hook_mlp_out")])
 
 
 def test_activations_and_router_features_follow_the_model_not_the_default_device(worded_model):

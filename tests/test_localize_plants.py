@@ -39,9 +39,9 @@ def test_unit_plant_is_a_rank_one_edit_of_those_units_and_its_intervention_equal
             hooked = tiny_model(tokens)
         assert torch.allclose(hooked, planted(tokens), atol=1e-4)
         assert not torch.allclose(planted(tokens), tiny_model(tokens), atol=1e-2)
-        with planted.hooks(fwd_hooks=hooks_for([Silence(layer, "mlp")], planted)):
+        with planted.hooks(fwd_hooks=hooks_for([Silence(layer, "hook_mlp_out")], planted)):
             planted_silenced = planted(tokens)
-        with tiny_model.hooks(fwd_hooks=hooks_for([Silence(layer, "mlp")], tiny_model)):
+        with tiny_model.hooks(fwd_hooks=hooks_for([Silence(layer, "hook_mlp_out")], tiny_model)):
             assert torch.allclose(planted_silenced, tiny_model(tokens), atol=1e-5)  # silencing the block removes it
 
 

@@ -1,6 +1,8 @@
 """What each split chooses and measures, on scripted answers: the layer and runner-ups come from the calibration
 questions, every reported rate from the evaluation questions; each steering direction gets its own dose.
 Also the figures' data (read back from the artists)."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -53,9 +55,9 @@ def silencing_script(interventions, role, panel, index):
     (iv,) = interventions
     if not isinstance(iv, Silence):
         return healthy
-    repaired = {("calibration", "mlp", 2): index < 9, ("calibration", "mlp", 1): index < 5,
-                ("calibration", "attn", 0): index < 3, ("evaluation", "mlp", 1): True,
-                ("evaluation", "attn", 0): index < 8}.get((role, iv.site, iv.layer), False)
+    repaired = {("calibration", "hook_mlp_out", 2): index < 9, ("calibration", "hook_mlp_out", 1): index < 5,
+                ("calibration", "hook_attn_out", 0): index < 3, ("evaluation", "hook_mlp_out", 1): True,
+                ("evaluation", "hook_attn_out", 0): index < 8}.get((role, iv.site, iv.layer), False)
     return healthy or repaired
 
 
@@ -80,12 +82,28 @@ def test_the_layer_and_runner_ups_are_chosen_on_calibration_and_reported_on_eval
     assert localize.baseline_check(conditions)["repair_k"] == 0
 
 
+def test_the_studys_components_silence_their_hook_points_under_their_own_names(tmp_path, tiny_model):
+    """The study's words for its rows ("mlp", "attn", "layer") name its conditions; the interventions they build
+    act at the hook points of those components."""
+    assert localize.silence_component("mlp", 2) == Silence(2, "hook_mlp_out")
+    assert localize.silence_component("attn", 2) == Silence(2, "hook_attn_out")
+    assert localize.silence_component("layer", 2) == Silence(2, ("hook_attn_out", "hook_mlp_out"))
+    assert localize.silence_name("layer", 2) == "silence-layer-2"
+    with pytest.raises(ValueError, match="component 'ffn' unknown; valid: 'mlp', 'attn', 'layer'"):
+        localize.silence_component("ffn", 2)
+    conditions = scripted(tmp_path, tiny_model, silencing_script)
+    localize.selection_sweep(conditions, [1])
+    stored = conditions.results.drop_duplicates("condition").set_index("condition").interventions
+    assert sorted(stored.index) == ["silence-attn-1", "silence-mlp-1"]
+    assert json.loads(stored["silence-mlp-1"]) == [Silence(1, "hook_mlp_out").to_dict()]
+
+
 def test_a_resumed_condition_is_not_recomputed(tmp_path, tiny_model):
     conditions = scripted(tmp_path, tiny_model, silencing_script)
-    conditions.run("silence-mlp-2", [Silence(2, "mlp")], "calibration")
+    conditions.run("silence-mlp-2", [Silence(2, "hook_mlp_out")], "calibration")
     again = scripted(tmp_path, tiny_model, silencing_script)  # a new process reading the same store
-    again.run("silence-mlp-2", [Silence(2, "mlp")], "calibration")
-    again.run("silence-mlp-2", [Silence(2, "mlp")], "evaluation", panels=("failure",))
+    again.run("silence-mlp-2", [Silence(2, "hook_mlp_out")], "calibration")
+    again.run("silence-mlp-2", [Silence(2, "hook_mlp_out")], "evaluation", panels=("failure",))
     assert len(again.calls) == 1 and again.calls[0][1] == {"evaluation"}
     assert again.rates("silence-mlp-2", "calibration")["repair_k"] == 9
 

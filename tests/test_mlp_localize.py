@@ -187,7 +187,7 @@ def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_
 
 
 @pytest.mark.parametrize("bad", [["--layers", "3-x"], ["--alphas", "-2"], ["--max-eval", "0"], ["--n", "-1"],
-                                 ["--n", "0"], ["--n", "some"], ["--task", "nope"], ["--task", "gsm8k"],
+                                 ["--n", "0"], ["--n", "some"], ["--task", "nope"], ["--task", "jsonl:"],
                                  ["--calibration-share", "1"], ["--planted", "3", "--planted-units", "4"],
                                  ["--healthy-rule", "both"], ["--layer-rule", "biggest"], ["--prune", "1.5"],
                                  ["--units", "sae", "--sae", "/no/such/sae"], ["--units", "latents"],
@@ -215,10 +215,11 @@ def test_the_shared_data_arguments_take_n_all_and_name_what_they_refuse(tmp_path
         script.main(["--n", "all", "--out", str(tmp_path / "runs"), "--figures", str(tmp_path / "f")])
     assert seen["n"] is None  # every question of the source
     for bad, says in ((["--n", "0"], "argument --n: 0 out of range: expected an integer >= 1 or 'all'"),
-                      (["--task", "gsm8k"], "argument --task: 'gsm8k' is not multiple choice"),
-                      (["--task", "nope"], "argument --task: invalid choice: 'nope'"),
+                      (["--task", "nope"], "argument --task: unknown task 'nope': expected a registered name"),
                       (["--units", "sae"], "--units sae and --sae PATH go together")):
         with pytest.raises(SystemExit) as stop:
             script.main([*bad, "--out", str(tmp_path / "runs")])
         assert stop.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(script.UserError, match="--task gsm8k: 'gsm8k' is not multiple choice"):
+        script.main(["--task", "gsm8k", "--out", str(tmp_path / "runs")])
     assert not seen.keys() - {"n"} and not (tmp_path / "runs").exists()

@@ -48,7 +48,7 @@ def test_models_travel_by_key_and_come_back_as_the_same_object():
 def test_ray_pool_equals_local_pool(pool):
     model = make_tiny_model()
     other = make_tiny_model(seed=5)  # a second model in the same closure travels too
-    silenced = [Silence(1, "mlp")]
+    silenced = [Silence(1, "hook_mlp_out")]
     parts = [prompts(3, seed) for seed in range(5)]
 
     def rows_of(part):

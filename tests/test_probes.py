@@ -67,7 +67,7 @@ def test_deploy_is_greedy_generation_graded(model, arc, questions):
 
 
 def test_deploy_under_interventions_and_independent_of_batch_size_and_order(model, arc, questions):
-    silenced = [Silence(2, "mlp")]
+    silenced = [Silence(2, "hook_mlp_out")]
     plain = deploy(model, arc, questions, "shared")
     hooked = deploy(model, arc, questions, "shared", interventions=silenced)
     assert [r["text"] for r in hooked] != [r["text"] for r in plain]
@@ -142,7 +142,7 @@ def test_recognize_matches_unbatched_likelihoods(model, arc, questions, norm):
 
 def test_recognize_under_interventions_and_errors(model, arc, questions):
     plain = recognize(model, arc, questions)
-    hooked = recognize(model, arc, questions, interventions=[Silence(0, "attn")])
+    hooked = recognize(model, arc, questions, interventions=[Silence(0, "hook_attn_out")])
     assert isinstance(plain, list) and set(plain[0]) == set(RECOGNITION_KEYS)  # one dict per question
     assert [r["loglik"] for r in hooked] != [r["loglik"] for r in plain]
     assert not model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks

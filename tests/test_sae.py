@@ -175,7 +175,7 @@ def test_greedy_equals_the_sae_models_own_argmax_loop(sae_model, hooked):
     prompts = random_prompts([3, 17, 6])
     with attached(sae_model, all_saes()):  # reconstructions replace the activations
         ivs = ([Latents(RESID, (1, 5, 9)), Latents(TC_IN, (0, 3), "scale", 3.0),
-                Steer(2, torch.linspace(-1, 1, 32), 0.5, site="resid_post")] if hooked else [])
+                Steer(2, torch.linspace(-1, 1, 32), 0.5, site="hook_resid_post")] if hooked else [])
         hooks = hooks_for(ivs, sae_model)
         reqs = [Request(p, 6, route=r, stop_token_ids=()) for p in prompts for r in ROUTES]
         gens = TransformerLensEngine(sae_model).generate(reqs, interventions=ivs, batch_size=3)
@@ -290,7 +290,7 @@ def test_a_latent_intervention_changes_exactly_that_latents_contribution(sae_mod
 
 def test_plain_transformer_lens_users_get_the_same_behaviour_and_no_hook_left(sae_model, plain):
     prompts = random_prompts([4, 10])
-    interventions = [Latents(RESID, (2, 7)), Latents(MLP, (1,), "scale", -2.0), Silence(0, "attn"),
+    interventions = [Latents(RESID, (2, 7)), Latents(MLP, (1,), "scale", -2.0), Silence(0, "hook_attn_out"),
                      Steer(3, torch.linspace(1, -1, 32), 1.5, positions=(0, 2))]
     with attached(sae_model, [make_sae(RESID), make_sae(MLP, "topk", seed=1)], use_error_term=True):
         hooks = hooks_for(interventions, sae_model)
@@ -317,18 +317,18 @@ def boom(act, hook):
 def test_hooks_on_a_point_an_sae_occupies_go_through_it(sae_model, plain):
     prompts = random_prompts([6, 8])
     reqs = [Request(p, 5, stop_token_ids=()) for p in prompts]
-    want = engine_for(plain).generate(reqs, interventions=[Silence(2, "mlp")])
+    want = engine_for(plain).generate(reqs, interventions=[Silence(2, "hook_mlp_out")])
     with attached(sae_model, make_sae(MLP, "topk", seed=1)):
-        silence = Silence(2, "mlp").hooks(sae_model)
+        silence = Silence(2, "hook_mlp_out").hooks(sae_model)
         with pytest.raises(TypeError, match="_SAEWrapper"):  # TransformerLens: the name is now the SAE's module
             with sae_model.hooks(fwd_hooks=silence):
                 pass
         rerouted = through_saes(silence, sae_model)
-        assert [name for name, _ in rerouted] == [name for name, _ in hooks_for([Silence(2, "mlp")], sae_model)] \
+        assert [name for name, _ in rerouted] == [name for name, _ in hooks_for([Silence(2)], sae_model)] \
             == [f"{MLP}.hook_sae_output"]
-        got = engine_for(sae_model).generate(reqs, interventions=[Silence(2, "mlp")])  # the engine reroutes too
+        got = engine_for(sae_model).generate(reqs, interventions=[Silence(2)])  # the engine reroutes too
         assert [g.tokens for g in got] == [g.tokens for g in want]  # zero what flows on: the MLP adds nothing
-    plain_silence = Silence(2, "mlp").hooks(plain)
+    plain_silence = Silence(2, "hook_mlp_out").hooks(plain)
     assert through_saes(plain_silence, plain) == plain_silence and no_hooks_left(sae_model)
 
 
@@ -497,7 +497,7 @@ def test_the_units_step_over_sae_latents_silences_the_top_latents_along_v(plain,
                 assert len(r.units) == 4 and not set(r.units) & set(top.units)
             direct = deploy(sae_model, arc, evaluated, "shared", interventions=[Latents(MLP, tuple(top.units))])
             assert int(top.repair_k) == sum(d["correct"] for d in direct)
-            block = deploy(plain, arc, evaluated, "shared", interventions=[Silence(2, "mlp")])
+            block = deploy(plain, arc, evaluated, "shared", interventions=[Silence(2, "hook_mlp_out")])
             assert table.iloc[0].arm == "block" and int(table.iloc[0].repair_k) == sum(d["correct"] for d in block)
             assert ((table.mass >= 0) & (table.mass <= 1)).all()
         with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):

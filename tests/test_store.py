@@ -176,9 +176,9 @@ def test_protocol_file_and_fingerprint(tmp_path):
     assert stored["protocol"]["commit"] == "c0ffee" and store.fingerprint == PROTOCOL.fingerprint()
     # lists vs tuples, key order and intervention objects vs their dicts do not matter
     RunStore(tmp_path, PROTOCOL.replace(stop_strings=[], settings={"alphas": (2, 4)}))
-    with_silence = PROTOCOL.replace(interventions=[Silence(1, "mlp")])
+    with_silence = PROTOCOL.replace(interventions=[Silence(1, "hook_mlp_out")])
     RunStore(tmp_path / "other", with_silence)
-    RunStore(tmp_path / "other", with_silence.replace(interventions=(Silence(1, "mlp").to_dict(),)))
+    RunStore(tmp_path / "other", with_silence.replace(interventions=(Silence(1, "hook_mlp_out").to_dict(),)))
 
 
 def test_only_a_protocol_is_accepted(tmp_path):
@@ -193,7 +193,7 @@ def test_protocol_mismatch_names_every_differing_field(tmp_path):
     RunStore(tmp_path, PROTOCOL)
     other_questions = [*QUESTIONS[:-1], Question("q011", "", "0")]  # one gold answer changed
     changed = PROTOCOL.replace(K=16, temperature=1.0, grader="numeric/2", questions=question_set_hash(other_questions),
-                               settings={"alphas": [2, 4, 8], "extra": "x"}, interventions=[Silence(3, "attn")],
+                               settings={"alphas": [2, 4, 8], "extra": "x"}, interventions=[Silence(3, "hook_attn_out")],
                                commit="another")
     with pytest.raises(ProtocolMismatch) as e:
         RunStore(tmp_path, changed)
@@ -205,7 +205,7 @@ def test_protocol_mismatch_names_every_differing_field(tmp_path):
     assert f'questions: stored "{PROTOCOL.questions}", given "{changed.questions}"' in msg
     assert "settings.alphas: stored [2,4], given [2,4,8]" in msg
     assert 'settings.extra: stored <absent>, given "x"' in msg
-    assert 'interventions: stored [], given [{"kind":"silence","layer":3,"mean":null,"mode":"zero","site":"attn"}]' in msg
+    assert 'interventions: stored [], given [{"kind":"silence","layer":3,"mean":null,"mode":"zero","site":"hook_attn_out"}]' in msg
     assert "Pick another directory" in msg
     assert "commit" not in msg and "model" not in msg and "n:" not in msg  # only differing matched fields
     with pytest.raises(ProtocolMismatch, match=r"settings.alphas: stored \[2,4\], given \[2.0,4\]"):

@@ -55,7 +55,7 @@ def test_conversion_on_vllm_types():
 def test_the_engine_refuses_hooks_routes_and_hidden_states():
     engine = VLLMEngine.__new__(VLLMEngine)  # no vLLM needed to check capabilities
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        engine.check([Request((1,), 2)], interventions=[Silence(0, "mlp")])
+        engine.check([Request((1,), 2)], interventions=[Silence(0, "hook_mlp_out")])
     with pytest.raises(EngineCapabilityError, match="route"):
         engine.check([Request((1,), 2, route=(0, 1))])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
@@ -197,7 +197,7 @@ def test_real_engine_refuses_hooks_routes_hidden_states_and_records_itself(vllm_
     task = get_task("arc_easy")
     questions = task.load()[:2]
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        deploy(vllm_engine, task, questions, "native", interventions=[Silence(3, "mlp")])
+        deploy(vllm_engine, task, questions, "native", interventions=[Silence(3, "hook_mlp_out")])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
         sample(vllm_engine, task, questions, "native", K=2, temperature=0.8, seed=0, keep_hidden=True)
     with pytest.raises(EngineCapabilityError, match="route"):

@@ -1,7 +1,7 @@
 """The engine interface, and its TransformerLens implementation.
 
     engine = engine_for(model)                                   # one per HookedTransformer, kept
-    gens = engine.generate([Request(prompt, max_new_tokens=8)], interventions=[Silence(3, "mlp")])
+    gens = engine.generate([Request(prompt, max_new_tokens=8)], interventions=[Silence(3, "hook_mlp_out")])
     scores = engine.loglik([LoglikRequest(context, continuation)])
 
 An ``Engine`` turns ``Request``s into ``Generation``s and scores continuations (``loglik``), under the call's

@@ -1,7 +1,7 @@
 """Greedy answers of the panel questions under named conditions, stored per question as they are computed.
 
     conditions = Conditions(model, task, "native", store, panels, questions)
-    conditions.run("silence-mlp-12", [Silence(12, "mlp")], "calibration")       # both panels
+    conditions.run("silence-mlp-12", [Silence(12, "hook_mlp_out")], "calibration")   # both panels
     conditions.run("steer-4-12", [Steer(12, v, -4.0)], "evaluation", panels=("failure",))
     conditions.rates("silence-mlp-12", "calibration")    # repair, breakage with Wilson intervals
 

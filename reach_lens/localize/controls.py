@@ -22,6 +22,7 @@ import pandas as pd
 from transformer_lens import HookedTransformer
 
 from reach_lens import probes
+from reach_lens.hooks import LAYER_OUTPUTS
 from reach_lens.interventions import Silence, Steer
 from reach_lens.localize.activations import perturbed_last_activations
 from reach_lens.localize.plants import UnitPlant, answer_push, plant_answer_failure, plant_unit_failure, trigger_units
@@ -73,7 +74,8 @@ def control_pool(model: HookedTransformer, task: Task, questions: Sequence[Quest
     todo = [q for q in correct if q.id not in set(done.get("question_id", []))]
     if todo:
         log.info(f"greedy answers of {len(todo)} correctly answered questions with MLP {layer} silenced")
-        deployed = probes.deploy(model, task, todo, fmt, interventions=[Silence(layer, "mlp")], batch_size=batch_size)
+        deployed = probes.deploy(model, task, todo, fmt, interventions=[Silence(layer, "hook_mlp_out")],
+                                 batch_size=batch_size)
         store.append("without_block", [{"question_id": q.id, "correct": bool(d["correct"]), "answer": d["answer"]}
                                        for q, d in zip(todo, deployed)])
         done = store.read("without_block")
@@ -106,7 +108,7 @@ def plant_control(kind: str, model: HookedTransformer, task: Task, pool: Sequenc
                   "susceptible": len(susceptible)}
     if kind == "units":
         prompts = [task.prompt(q, fmt, model.tokenizer) for q in pool]
-        upstream = [Silence(l, c) for l in range(max(0, layer - robust_layers), layer) for c in ("attn", "mlp")]
+        upstream = [Silence(l, site) for l in range(max(0, layer - robust_layers), layer) for site in LAYER_OUTPUTS]
         log.info(f"activations of MLP {layer}'s units with each of {len(upstream)} upstream components silenced")
         acts, perturbed = perturbed_last_activations(model, prompts, layer, upstream, batch_size)
         trigger = trigger_units(acts, units_k, share, perturbed)

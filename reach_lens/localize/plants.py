@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.hooks import Hooks, check_layer, positionwise
+from reach_lens.hooks import UNITS_SITE, Hooks, check_layer, hook_point, positionwise
 from reach_lens.interventions import Intervention, Vector
 from reach_lens.positions import PositionSource
 
@@ -44,7 +44,7 @@ def plant_answer_failure(model: HookedTransformer, layer: int, push: Float[Tenso
                          strength: float) -> HookedTransformer:
     """A copy of ``model`` whose MLP block at ``layer`` adds ``strength * push`` at every position (its output bias).
 
-    Its effect equals ``Steer(layer, push, strength)`` at ``hook_mlp_out``; silencing that MLP removes it entirely.
+    Its effect equals ``Steer(layer, push, strength, "hook_mlp_out")``; silencing that MLP removes it entirely.
     """
     check_layer(layer, model.cfg.n_layers)
     planted = copy.deepcopy(model)
@@ -141,7 +141,8 @@ class UnitPlant(Intervention):
             raise ValueError(f"{len(self.units)} units need as many weights, got shape {self.weights.shape}")
 
     def hooks(self, model: HookedTransformer, source: PositionSource | None = None) -> Hooks:
-        check_layer(self.layer, model.cfg.n_layers)
+        units_at = hook_point(UNITS_SITE, self.layer, model)
+        out_at = hook_point("hook_mlp_out", self.layer, model)
         idx = list(self.units)
         weights = self.weights.tensor(model.cfg.dtype, model.cfg.device)
         push = self.push.tensor(model.cfg.dtype, model.cfg.device)
@@ -155,8 +156,7 @@ class UnitPlant(Intervention):
         def add(act: Tensor, hook) -> Tensor:
             return act + strength * seen.pop("score")[..., None] * push.to(act)
 
-        return [(f"blocks.{self.layer}.mlp.hook_post", positionwise(read)),
-                (f"blocks.{self.layer}.hook_mlp_out", positionwise(add))]
+        return [(units_at, positionwise(read)), (out_at, positionwise(add))]
 
 
 def plant_unit_failure(model: HookedTransformer, layer: int, units: Sequence[int], weights: Float[Tensor, "k"],

@@ -22,12 +22,14 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm import tqdm
 
+from reach_lens.hooks import LAYER_OUTPUTS
 from reach_lens.interventions import Silence, Steer
 from reach_lens.localize.conditions import Conditions
 from reach_lens.localize.panels import ROLES
 from reach_lens.localize.verdict import component_name, margins, runner_ups, verdict
 
 SWEPT = ("mlp", "attn")  # the components every layer competes with; the whole layer is a control at one layer
+COMPONENT_SITES = {"mlp": "hook_mlp_out", "attn": "hook_attn_out", "layer": LAYER_OUTPUTS}  # what is silenced
 CONTAINS = "whole layer (contains it)"
 
 
@@ -56,6 +58,13 @@ def silence_name(component: str, layer: int) -> str:
     return f"silence-{component}-{layer}"
 
 
+def silence_component(component: str, layer: int) -> Silence:
+    """The study's component ("mlp", "attn" or "layer", ``COMPONENT_SITES``) of ``layer``, silenced."""
+    if component not in COMPONENT_SITES:
+        raise ValueError(f"component {component!r} unknown; valid: {', '.join(map(repr, COMPONENT_SITES))}")
+    return Silence(layer, COMPONENT_SITES[component])
+
+
 def selection_sweep(conditions: Conditions, layers: Sequence[int], components: Sequence[str] = SWEPT) -> pd.DataFrame:
     """Repair and breakage on the calibration panels with each component of each layer silenced.
 
@@ -64,7 +73,7 @@ def selection_sweep(conditions: Conditions, layers: Sequence[int], components: S
     for layer, component in tqdm([(l, c) for l in layers for c in components], desc="selection sweep (calibration)",
                                  unit="cond"):
         name = silence_name(component, layer)
-        conditions.run(name, [Silence(layer, component)], "calibration")
+        conditions.run(name, [silence_component(component, layer)], "calibration")
         rows.append({"layer": layer, "component": component, "role": "calibration",
                      **conditions.rates(name, "calibration")})
     return pd.DataFrame(rows)
@@ -88,7 +97,7 @@ def evaluate_choice(conditions: Conditions, sweep: pd.DataFrame, layer: int, rul
     rows = []
     for (component, at), label in tqdm(plan.items(), desc="evaluation of the choice", unit="cond"):
         name = silence_name(component, at)
-        conditions.run(name, [Silence(at, component)], "evaluation")
+        conditions.run(name, [silence_component(component, at)], "evaluation")
         known = (component, at) in cal.index
         rows.append({"name": component_name(component, at), "component": component, "layer": at, "label": label,
                      **conditions.rates(name, "evaluation"),

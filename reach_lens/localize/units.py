@@ -108,7 +108,8 @@ def unit_arms(conditions: Conditions, layer: int, v: Float[Tensor, "d_model"], k
     top = top_units(scores, k)
     acts = last_prompt_activations(model, prompts("evaluation"), hook, conditions.batch_size)
     block = silence_name("mlp", layer)
-    conditions.run(block, [Silence(layer, "mlp")], "evaluation", ("failure",))  # stored already at the identified layer
+    # stored already at the identified layer
+    conditions.run(block, [Silence(layer, "hook_mlp_out")], "evaluation", ("failure",))
     arms = [("top", None, top)]
     arms += [("random", s, random_units(size, k, s, exclude=top)) for s in range(seeds)]
     rows = [{"arm": "block", "seed": None, "units": [], "score": np.nan, "mass": 1.0,
