@@ -328,8 +328,8 @@ def engines() -> argparse.ArgumentParser:
 
 def load_engine(args: argparse.Namespace, name: str | None = None):
     """The model of ``--model`` (or ``name``) for hook-free probes: a ``HookedTransformer`` on the TransformerLens
-    engine, or a ``VLLMEngine`` over the Hugging Face checkpoint (the embedded model's converted directory when
-    none is named) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``). On the CPU,
+    engine, or a ``VLLMEngine`` over its Hugging Face checkpoint (``models.local_checkpoint``: an embedded model's
+    converted directory, a PEFT adapter merged onto its base) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``). On the CPU,
     ``--threads`` N binds vLLM's workers to the first N cores this process may use (unless
     ``VLLM_CPU_OMP_THREADS_BIND`` is set)."""
     if args.engine == "transformer_lens":
@@ -338,7 +338,7 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
         raise UserError("--engine vllm runs in this process (vLLM batches and shards across GPUs itself): "
                         "drop --ray / --workers, use --n-devices for tensor parallelism")
     from reach_lens.generate.vllm_engine import DeviceMismatch, VLLMEngine
-    from reach_lens.models import embedded_checkpoint_dir
+    from reach_lens.models import local_checkpoint
 
     if args.device == "cpu" and args.n_devices > 1:
         raise UserError(f"--n-devices {args.n_devices} splits a model over GPUs; --device is 'cpu'")
@@ -347,7 +347,7 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     model = name if name is not None else args.model
     try:
-        return VLLMEngine(model if model is not None else embedded_checkpoint_dir(), dtype=args.dtype,
+        return VLLMEngine(str(local_checkpoint(model)), dtype=args.dtype,
                           tensor_parallel_size=args.n_devices, seed=args.seed, device=args.device.split(":")[0])
     except (ImportError, DeviceMismatch) as e:
         raise UserError(str(e)) from e

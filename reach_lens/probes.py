@@ -4,7 +4,7 @@ layer routes), recognize (multiple-choice likelihood). Every probe runs on one g
 engine builds their hooks, so what a protocol records of them (``to_dict()``) is what ran. ``model`` is a
 ``HookedTransformer`` (its engine is made once and kept) or an ``Engine``.
 
-    rows = deploy(model, task, questions, "native", interventions=[Silence(12, "mlp")])
+    rows = deploy(model, task, questions, "native", interventions=[Silence(12, "hook_mlp_out")])
     cands = sample(model, task, questions, "native", K=16, temperature=0.8, seed=0)
     routed = route(model, task, questions, "native", [[(0, 1, 1, 2, ...), ...], ...])   # routes per question
     recog = recognize(model, task, questions)          # one dict per question
@@ -66,16 +66,23 @@ def question_seed(seed: int, question_id: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def _requests(model: Model, task: Task, questions: Sequence[Question], fmt: str, **fields) -> list[Request]:
-    budget, stops = task.max_new_tokens(fmt), task.stop_strings(fmt)
-    return [Request(p, budget, stop_strings=stops, **fields) for p in prompt_ids(model, task, questions, fmt)]
+def _budget(task: Task, fmt: str, max_new_tokens: int | None) -> int:
+    """The generation budget: ``max_new_tokens`` when given (>= 1), else the task's for ``fmt``."""
+    if max_new_tokens is None:
+        return task.max_new_tokens(fmt)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens {max_new_tokens} out of range: expected >= 1 (None: the task's)")
+    return max_new_tokens
 
 
 def deploy(model: Model, task: Task, questions: Sequence[Question], fmt: str,
-           interventions: Sequence[Intervention] = (), batch_size: int = 16, keep_hidden: bool = False) -> list[dict]:
-    """Greedy decoding along the full path: one candidate per question."""
+           interventions: Sequence[Intervention] = (), batch_size: int = 16, keep_hidden: bool = False,
+           max_new_tokens: int | None = None) -> list[dict]:
+    """Greedy decoding along the full path: one candidate per question (``max_new_tokens``: None is the task's)."""
     engine = _engine(model)
-    requests = _requests(model, task, questions, fmt, keep_hidden=keep_hidden)
+    budget, stops = _budget(task, fmt, max_new_tokens), task.stop_strings(fmt)
+    requests = [Request(p, budget, stop_strings=stops, keep_hidden=keep_hidden)
+                for p in prompt_ids(model, task, questions, fmt)]
     gens = _naming_questions(lambda: engine.generate(requests, interventions=interventions, batch_size=batch_size),
                              questions)
     return [candidate(task, q, g, keep_hidden) for q, g in zip(questions, gens)]
@@ -83,16 +90,17 @@ def deploy(model: Model, task: Task, questions: Sequence[Question], fmt: str,
 
 def sample(model: Model, task: Task, questions: Sequence[Question], fmt: str, K: int, temperature: float,
            seed: int, interventions: Sequence[Intervention] = (), batch_size: int = 16,
-           keep_hidden: bool = False) -> list[list[dict]]:
-    """``K`` samples per question at ``temperature`` (> 0); ``result[i][k]`` is sample k of question i."""
+           keep_hidden: bool = False, top_p: float = 1.0, max_new_tokens: int | None = None) -> list[list[dict]]:
+    """``K`` samples per question at ``temperature`` (> 0), from the nucleus of mass ``top_p``; ``result[i][k]`` is
+    sample k of question i (``max_new_tokens``: None is the task's)."""
     if K < 1:
         raise ValueError(f"K {K} out of range: expected >= 1 samples per question")
     if not temperature > 0:
         raise ValueError(f"temperature {temperature} out of range for sampling: expected > 0 (deploy is greedy)")
     engine = _engine(model)
     prompts = prompt_ids(model, task, questions, fmt)
-    budget, stops = task.max_new_tokens(fmt), task.stop_strings(fmt)
-    requests = [Request(p, budget, temperature=temperature, seed=row_seed(question_seed(seed, q.id), k),
+    budget, stops = _budget(task, fmt, max_new_tokens), task.stop_strings(fmt)
+    requests = [Request(p, budget, temperature=temperature, top_p=top_p, seed=row_seed(question_seed(seed, q.id), k),
                         stop_strings=stops, keep_hidden=keep_hidden)
                 for q, p in zip(questions, prompts) for k in range(K)]
     gens = _naming_questions(lambda: engine.generate(requests, interventions=interventions, batch_size=batch_size),

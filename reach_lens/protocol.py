@@ -36,7 +36,7 @@ _GREEDY = ("deploy", "recognize", "screen")  # probes without a temperature
 REPORTED = ("commit",)  # fields that are recorded but never matched
 # fields added after runs were first stored, with the value that means "absent": a protocol holding that value
 # leaves the field out of its fingerprint, so the runs stored before the field existed keep theirs
-LATER_FIELDS = {"task_spec": {}}
+LATER_FIELDS = {"task_spec": {}, "top_p": 1.0}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -175,6 +175,7 @@ class Protocol:
     stop_strings: tuple[str, ...]
     prompt: str | None = None
     task_spec: dict = field(default_factory=dict)
+    top_p: float = 1.0
     engine: str = "transformer_lens"
     device: str = "cpu"
     dtype: str = "float32"
@@ -208,12 +209,17 @@ class Protocol:
         if not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature {t!r} out of range: expected a finite number >= 0")
         put(self, "temperature", float(t))
+        top_p = self.top_p
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p {top_p!r} out of range: expected a number with 0 < top_p <= 1")
+        put(self, "top_p", float(top_p))
         if self.probe in _SAMPLES_K and self.K is None:
             raise ValueError(f"probe {self.probe!r} draws K candidates: K must be an int >= 1, got None")
         if self.probe in _GREEDY and self.K is not None:
             raise ValueError(f"probe {self.probe!r} gives one answer per question: K must be None, got {self.K}")
-        if self.probe in _GREEDY and self.temperature != 0:
-            raise ValueError(f"probe {self.probe!r} is greedy: temperature must be 0, got {self.temperature}")
+        if self.probe in _GREEDY and (self.temperature != 0 or self.top_p != 1):
+            raise ValueError(f"probe {self.probe!r} is greedy: temperature must be 0 and top_p 1, got "
+                             f"{self.temperature} and {self.top_p}")
         if self.probe == "sample" and self.temperature == 0:
             raise ValueError("probe 'sample' at temperature 0 is greedy decoding K times: use temperature > 0")
         stops = self.stop_strings
@@ -252,23 +258,25 @@ class Protocol:
     @classmethod
     def of(cls, *, study: str, facts: Mapping[str, str], task: Any, questions: Sequence[Any], fmt: str, probe: str,
            seed: int = 0, source: str | os.PathLike | None = None, split: str | None = None, K: int | None = None,
-           temperature: float = 0.0, interventions: Sequence[Any] = (), settings: Mapping[str, Any] | None = None,
+           temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int | None = None,
+           interventions: Sequence[Any] = (), settings: Mapping[str, Any] | None = None,
            device: str | None = None, dtype: str | None = None) -> Protocol:
         """The protocol of running ``probe`` on ``questions`` of ``task`` with the model an engine describes.
 
         ``facts``: the engine's ``describe()`` (``reach_lens.generate.engine_for(model).describe()``): model (name), weights
         (fingerprint), device, dtype, and ``engine`` (its name and seeding) for an engine other than
-        TransformerLens's. Fills the grader (``task.grader``), the question-set hash, n, max_new_tokens and
-        stop_strings (the task's, for ``fmt``; None and () for ``"recognize"``, which generates nothing), device and
-        dtype (the facts', unless given), version and commit.
+        TransformerLens's. Fills the grader (``task.grader``), the question-set hash, n, max_new_tokens (the given
+        budget, else the task's for ``fmt``) and stop_strings (the task's, for ``fmt``; None and () for
+        ``"recognize"``, which generates nothing), the task's spec, device and dtype (the facts', unless given),
+        version and commit.
         """
         generates = probe != "recognize"
         return cls(
             study=study, model=facts["model"], weights=facts["weights"], task=task.name,
             source=None if source is None else os.fspath(source), split=split,
             questions=question_set_hash(questions), n=len(questions), seed=seed, fmt=fmt, grader=task.grader,
-            probe=probe, K=K, temperature=temperature,
-            max_new_tokens=task.max_new_tokens(fmt) if generates else None,
+            probe=probe, K=K, temperature=temperature, top_p=top_p,
+            max_new_tokens=(max_new_tokens or task.max_new_tokens(fmt)) if generates else None,
             stop_strings=tuple(task.stop_strings(fmt)) if generates else (),
             prompt=task.prompt_spec(fmt) if generates and hasattr(task, "prompt_spec") else None,
             task_spec=task.spec() if hasattr(task, "spec") else {},

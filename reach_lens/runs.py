@@ -76,12 +76,12 @@ class RunLoop:
         return rows.iloc[at].reset_index(drop=True)
 
     def deployed(self, model: Any, task: Any, questions: Sequence[Any], fmt: str, store: RunStore,
-                 desc: str | None = None) -> pd.DataFrame:
-        """The greedy answer of every question (``probes.deploy``), ``{"question_id", **candidate}`` rows indexed by
-        question id. ``model``: a HookedTransformer or an engine."""
+                 desc: str | None = None, max_new_tokens: int | None = None) -> pd.DataFrame:
+        """The greedy answer of every question (``probes.deploy``; ``max_new_tokens`` None: the task's budget),
+        ``{"question_id", **candidate}`` rows indexed by question id. ``model``: a HookedTransformer or an engine."""
         return self.resume(store, "deployed", questions, lambda part: [
-            {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(model, task, part, fmt,
-                                                                           batch_size=self.batch_size))],
+            {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(
+                model, task, part, fmt, batch_size=self.batch_size, max_new_tokens=max_new_tokens))],
             desc=desc or f"greedy answers ({task.name})").set_index("question_id")
 
     def records(self, store: RunStore, questions: Sequence[Any], deployed: pd.DataFrame,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -140,6 +141,48 @@ def test_too_small_panel_ends_the_main_job_with_a_message(tmp_path, checkpoint):
                         str(tmp_path / "figures"), "--threads", "1", cwd=tmp_path)
     refused(result, "mlp_localize", "panels too small for the study", "need >= 5 each")
     assert "[mlp_localize] " in result.stderr  # the study's messages: on stderr, by its logger
+
+
+def test_a_bad_row_of_a_users_file_is_refused_naming_file_row_and_field_before_anything_runs(tmp_path):
+    rows = [{"question": "Which one is number 1?", "answer": "ice"}, {"question": "Which one is number 2?", "answer": ""}]
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_script("sampling_gap", "--tasks", f"jsonl:{data}", "--n", "2", "--out", str(tmp_path / "runs"),
+                        "--figures", str(tmp_path / "figures"), cwd=tmp_path)
+    refused(result, "sampling_gap", "mine.jsonl line 2: field 'answer': missing or empty answer")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "figures").exists()
+    refused(run_script("sampling_gap", "--tasks", "squad", "--fields", "question=q", "--out", str(tmp_path / "runs"),
+                       cwd=tmp_path), "sampling_gap", "--fields is for a task read from a file")
+    result = run_script("sampling_gap", "--tasks", "arc", cwd=tmp_path)
+    assert result.returncode == 2 and "unknown task 'arc': expected a registered name, jsonl:PATH" in result.stderr
+
+
+def test_compare_audits_any_checkpoint_pair_on_a_users_file(tmp_path, checkpoint):
+    """experiments/compare.py: a base against a copy of itself (a checkpoint reach_lens did not train) on a JSONL
+    file: every question is audited (no training split), no control format, top-p and the budget in the protocol,
+    the per-question table beside the others, and the copy changes nothing."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in checkpoint.iterdir():
+        (copy / f.name).symlink_to(f)
+    data = arc_file(tmp_path / "mine.jsonl", n=6)
+    result = run_script("compare", str(checkpoint), str(copy), "--task", f"jsonl:{data}", "--K", "2",
+                        "--top-p", "0.9", "--max-new-tokens", "3", "--fmt", "shared", "--threads", "1", "--out",
+                        str(tmp_path / "runs"), "--figures", str(tmp_path / "figures"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "auditing every question (6): no checkpoint carries reach_lens training metadata" in result.stderr
+    summary = next((tmp_path / "runs").glob("mine-n6-K2-T0.8-s0/summary-*"))
+    assert not (summary / "table8_format_transfer.csv").exists() and "Table 8" not in result.stdout
+    questions = pd.read_csv(summary / "questions.csv")
+    assert list(questions.pair) == ["copy"] * 6 and sorted(questions.question_id) == [f"q{i}" for i in range(6)]
+    assert (questions.d_base == questions.d_trained).all() and (questions.hits_base == questions.hits_trained).all()
+    assert (questions.samples == 4).all() and set(questions.realization) <= {"stable_realized", "stable_unrealized"}
+    protocols = json.loads((summary / "protocols.json").read_text())
+    sampled = [p for p in protocols if p["probe"] == "sample"]
+    assert {p["top_p"] for p in sampled} == {0.9} and {p["max_new_tokens"] for p in protocols} == {3}
+    assert {p["task_spec"]["file"] for p in protocols} == {"mine.jsonl"} and {p["model"] for p in protocols} == {
+        "tiny-llama", "copy"}
+    assert {p["settings"]["split"] for p in protocols} == {None}
 
 
 # ---------------------------------------------------------------- cli.run itself

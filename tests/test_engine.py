@@ -168,7 +168,7 @@ def test_positionwise_hooks_run_the_shared_prefix_once_and_equal_the_reference(w
     prompts = [shots + tail for tail in tails]
     v = torch.randn(m.cfg.d_model, generator=torch.Generator().manual_seed(2))
     zero_unmarked = [("blocks.2.hook_mlp_out", lambda a, hook: torch.zeros_like(a))]
-    cases = {"none": ([], [], True), "silence": ([Silence(2, "mlp")], [], True),
+    cases = {"none": ([], [], True), "silence": ([Silence(2, "hook_mlp_out")], [], True),
              "steer+units": ([Steer(2, v, 4.0), Units(3, [1, 5], mode="scale", factor=3.0)], [], True),
              "unmarked": ([], zero_unmarked, False),
              "positioned": ([Steer(2, v, 4.0, positions=(22,))], [], False)}
@@ -281,8 +281,8 @@ def test_positioned_interventions_in_a_mixed_length_batch_equal_each_prompt_alon
     interventions = {
         # prefill positions, counted from each prompt's end, and decode positions beyond the shortest prompts
         "steer_last_prompt": [Steer(2, tuple(v.tolist()), 10.0, positions=(-1,))],
-        "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(6, 9, 21))],
-        "silence_mean": [Silence(2, "mlp", mode="mean", mean=tuple(map(tuple, mean.tolist())))],
+        "steer_decode": [Steer(1, tuple(v.tolist()), 10.0, site="hook_resid_pre", positions=(6, 9, 21))],
+        "silence_mean": [Silence(2, "hook_mlp_out", mode="mean", mean=tuple(map(tuple, mean.tolist())))],
     }
     engine = engine_for(model)
     for name, ivs in interventions.items():
@@ -308,7 +308,7 @@ def test_positioned_interventions_under_routes_whose_prefixes_are_prefilled_toge
     v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2))
     engine = engine_for(model)
     for ivs in ([Steer(2, tuple(v.tolist()), 10.0, positions=(-1, 1))],
-                [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(3, 15))]):
+                [Steer(1, tuple(v.tolist()), 10.0, site="hook_resid_pre", positions=(3, 15))]):
         gens = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], interventions=ivs, batch_size=8)
         plain = engine.generate([greedy(p, 6, r) for p in prompts for r in routes], batch_size=8)
         assert any(g.tokens != h.tokens or abs(g.token_logprobs[0] - h.token_logprobs[0]) > 1e-2
@@ -331,7 +331,7 @@ def test_slots_run_on_the_rows_that_use_them_equal_the_whole_batch(model, monkey
     prompts = random_prompts([5, 13, 8])
     routes = [(0, 0, 0, 1, 3), (1, 1, 2, 2, 2, 3), (0, 2, 3, 3, 3), (0, 1, 2, 3), (2, 2, 2, 2), (3,)]
     v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(3))
-    ivs = [Steer(1, tuple(v.tolist()), 10.0, site="resid_pre", positions=(9, 15))]
+    ivs = [Steer(1, tuple(v.tolist()), 10.0, site="hook_resid_pre", positions=(9, 15))]
     stop = reference(model, prompts[0], 3, routes[0])[0][2]  # ends rows early: slots are refilled
     reqs = [greedy(p, 7, r, stop=(stop,)) for p in prompts for r in routes]
     calls = []
@@ -383,6 +383,31 @@ def test_sampling_follows_the_tempered_distribution(model):
                                                           abs=1e-5)
 
 
+def test_top_p_samples_the_nucleus_and_top_p_1_is_plain_sampling(model):
+    """A nucleus of mass 0.5 holds the most probable tokens until their tempered mass reaches 0.5: the samples follow
+    that truncated, renormalized distribution; top_p = 1 draws exactly the tokens plain sampling draws."""
+    prompt = random_prompts([5])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]))[0, -1].double()
+    probs = torch.softmax(logits / 0.8, -1)
+    ordered, order = probs.sort(descending=True)
+    inside = order[(ordered.cumsum(-1) - ordered) < 0.5]
+    expected = torch.zeros_like(probs)
+    expected[inside] = probs[inside] / probs[inside].sum()
+    n = 2000
+    gens = engine_for(model).generate([Request(prompt, 1, temperature=0.8, top_p=0.5, seed=row_seed(0, k))
+                                       for k in range(n)], batch_size=64)
+    tokens = torch.tensor([g.tokens[0] for g in gens])
+    assert set(tokens.tolist()) <= set(inside.tolist()) and 1 < len(inside) < 50
+    assert 0.5 * (torch.bincount(tokens, minlength=50).double() / n - expected).abs().sum() < 0.06
+    plain = [Request(prompt, 6, temperature=0.8, seed=row_seed(1, k), stop_token_ids=()) for k in range(8)]
+    whole = [Request(prompt, 6, temperature=0.8, top_p=1.0, seed=row_seed(1, k), stop_token_ids=()) for k in range(8)]
+    assert [g.tokens for g in engine_for(model).generate(plain)] == [g.tokens for g in engine_for(model).generate(whole)]
+    tiny = engine_for(model).generate([Request(prompt, 4, temperature=0.8, top_p=1e-9, seed=row_seed(2, 0),
+                                               stop_token_ids=())])
+    assert tiny[0].tokens == reference(model, prompt, 4)[0]  # a nucleus of one token is greedy decoding
+
+
 def test_stop_strings_cut_text():
     class Letters:
         eos_token_id = None
@@ -417,7 +442,7 @@ def test_hooks_see_one_position_per_decode_step_and_are_removed(model):
     assert shapes[:2] == [(1, 13), (1, 6)]  # each prompt prefilled alone, the longest first
     assert shapes[2:] == [(2, 1), (2, 1)]  # then one position per decode step for both rows
 
-    engine_for(model).generate([greedy(p, 3) for p in prompts], interventions=[Silence(3, "mlp")])
+    engine_for(model).generate([greedy(p, 3) for p in prompts], interventions=[Silence(3, "hook_mlp_out")])
     assert not model.hook_dict["blocks.3.hook_mlp_out"].fwd_hooks  # the engine's hooks are gone after the call
     v = tuple(torch.randn(model.cfg.d_model).tolist())
     with pytest.raises(ValueError, match="position -9 is before the start"):  # raised by a hook, inside a forward
@@ -529,6 +554,8 @@ def test_bad_requests_name_the_value(model):
         Request((), 2)
     with pytest.raises(ValueError, match="temperature -0.5 out of range"):
         Request((1,), 2, temperature=-0.5, seed=0)
+    with pytest.raises(ValueError, match=r"top_p 0 out of range: expected 0 < top_p <= 1"):
+        Request((1,), 2, temperature=0.5, top_p=0, seed=0)
     with pytest.raises(ValueError, match=r"route \[0, 4\] has layer 4, out of range for a 4-layer model"):
         engine.generate([greedy((1, 2), 2, route=(0, 4))])
     with pytest.raises(ValueError, match="need a decoder"):
@@ -559,7 +586,7 @@ def test_an_engine_without_a_capability_refuses_requests_that_need_it():
     with pytest.raises(EngineCapabilityError, match="request 1 has route"):
         engine.generate([greedy((1,), 2), greedy((1,), 2, route=(0, 1))])
     with pytest.raises(EngineCapabilityError, match="cannot run hooks"):
-        engine.generate([greedy((1,), 2)], interventions=[Silence(1, "mlp")])
+        engine.generate([greedy((1,), 2)], interventions=[Silence(1, "hook_mlp_out")])
     with pytest.raises(EngineCapabilityError, match="hidden states"):
         engine.generate([greedy((1,), 2, keep_hidden=True)])
 

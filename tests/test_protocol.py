@@ -27,7 +27,7 @@ def base(**changes) -> Protocol:
         "source": "data/arith.jsonl", "split": "test", "questions": question_set_hash(QUESTIONS), "n": 3, "seed": 0,
         "fmt": "native", "grader": "numeric/1", "probe": "sample", "K": 8, "temperature": 0.8, "max_new_tokens": 16,
         "stop_strings": ("\n\n",), "engine": "transformer_lens", "device": "cpu", "dtype": "float32",
-        "interventions": (Silence(2, "mlp").to_dict(),), "settings": {"alphas": [2, 4]}, "version": "0.1.0",
+        "interventions": (Silence(2, "hook_mlp_out").to_dict(),), "settings": {"alphas": [2, 4]}, "version": "0.1.0",
         "commit": "c0ffee"}
     return Protocol(**{**fields, **changes})
 
@@ -38,7 +38,7 @@ CHANGES = {
     "split": "validation", "questions": question_set_hash(QUESTIONS[:2]), "n": 2, "seed": 1, "fmt": "shared",
     "grader": "numeric/2", "probe": "route", "K": 16, "temperature": 1.2, "max_new_tokens": 32,
     "stop_strings": ("\n\n", "Question:"), "prompt": "gsm8k:fewshot/1:STD:GSM8k:sha256=0123456789abcdef",
-    "task_spec": {"file": "arith.jsonl", "sha256": "ab" * 32, "fields": {"question": "q", "answer": "a"}},
+    "top_p": 0.95, "task_spec": {"file": "arith.jsonl", "sha256": "ab" * 32, "fields": {"question": "q", "answer": "a"}},
     "engine": "vllm", "device": "cuda", "dtype": "bfloat16",
     "interventions": (), "settings": {"alphas": [2, 4, 8]}, "version": "0.2.0",
     "libraries": {"torch": "2.14.1", "transformers": "5.24.0", "transformer-lens": "3.9.0"},
@@ -64,12 +64,12 @@ def test_round_trip_through_json():
     back = Protocol.from_dict(d)
     assert back == p and hash(back) == hash(p) and back.fingerprint() == p.fingerprint()
     assert back.to_dict() == p.to_dict() and isinstance(back.stop_strings, tuple)
-    assert d["interventions"] == [Silence(2, "mlp").to_dict()] and d["commit"] == "c0ffee"
+    assert d["interventions"] == [Silence(2, "hook_mlp_out").to_dict()] and d["commit"] == "c0ffee"
 
 
 def test_lists_tuples_objects_and_key_order_normalise_to_one_value():
     a = base()
-    b = base(stop_strings=["\n\n"], interventions=[Silence(2, "mlp")], settings={"alphas": (2, 4)})
+    b = base(stop_strings=["\n\n"], interventions=[Silence(2, "hook_mlp_out")], settings={"alphas": (2, 4)})
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     c = base(settings={"y": 1, "x": 2})
     assert list(c.settings) == ["x", "y"] and c == base(settings={"x": 2, "y": 1})
@@ -95,12 +95,12 @@ def test_a_field_added_later_keeps_the_fingerprints_of_runs_stored_before_it():
     """A stored run's protocol.json lacks task_spec; read back it holds the empty default and its fingerprint (the
     run directory's and its summary's name) is the one computed before the field existed."""
     p = base()
-    before = {k: v for k, v in p.to_dict().items() if k not in ("commit", "task_spec")}
+    before = {k: v for k, v in p.to_dict().items() if k not in ("commit", "task_spec", "top_p")}
     stored = hashlib.sha256(canonical_json(before).encode()).hexdigest()
-    assert p.task_spec == {} and p.fingerprint() == stored
-    old = {k: v for k, v in p.to_dict().items() if k != "task_spec"}
+    assert p.task_spec == {} and p.top_p == 1.0 and p.fingerprint() == stored
+    old = {k: v for k, v in p.to_dict().items() if k not in ("task_spec", "top_p")}
     assert Protocol.from_dict(old).fingerprint() == stored and Protocol.from_dict(old).matches(p)
-    assert base(task_spec={"sha256": "0" * 64}).fingerprint() != stored
+    assert base(task_spec={"sha256": "0" * 64}).fingerprint() != stored != base(top_p=0.9).fingerprint()
 
 
 def test_commit_is_reported_not_matched():
@@ -156,7 +156,12 @@ def test_question_set_hash_is_content_and_order():
     ({"temperature": "0.8"}, TypeError, r"temperature '0.8' must be a number"),
     ({"temperature": 0.0}, ValueError, r"probe 'sample' at temperature 0"),
     ({"probe": "deploy", "K": None, "temperature": 0.8}, ValueError,
-     r"probe 'deploy' is greedy: temperature must be 0, got 0.8"),
+     r"probe 'deploy' is greedy: temperature must be 0 and top_p 1, got 0.8 and 1.0"),
+    ({"probe": "deploy", "K": None, "temperature": 0.0, "top_p": 0.9}, ValueError,
+     r"probe 'deploy' is greedy: temperature must be 0 and top_p 1, got 0.0 and 0.9"),
+    ({"top_p": 0.0}, ValueError, r"top_p 0.0 out of range: expected a number with 0 < top_p <= 1"),
+    ({"top_p": 1.5}, ValueError, r"top_p 1.5 out of range"),
+    ({"task_spec": ["file"]}, TypeError, r"task_spec \['file'\] .*must be a dict"),
     ({"probe": "deploy", "temperature": 0.0}, ValueError,
      r"probe 'deploy' gives one answer per question: K must be None, got 8"),
     ({"max_new_tokens": 0}, ValueError, r"max_new_tokens 0 out of range: expected >= 1"),

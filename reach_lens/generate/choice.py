@@ -1,7 +1,8 @@
 """Token choice and stop checks of the generation loop.
 
 Token choice: greedy rows take the argmax; a sampling row draws one uniform number per step from its own
-``torch.Generator`` (seeded from its request's seed) and inverts the CDF of softmax(logits / T) in float64,
+``torch.Generator`` (seeded from its request's seed) and inverts the CDF of softmax(logits / T) in float64
+(restricted to the nucleus of mass ``top_p`` when that is below 1),
 so its tokens are a function of (model, prompt, route, T, seed) only: not of the batch it runs in, its
 slot, or which other rows exist (up to float rounding of the logits themselves, which varies with a batch's
 shape and can flip a near-tie).
@@ -42,11 +43,21 @@ def check_finite(logits: Float[Tensor, "rows d_vocab"], requests: Sequence[int],
                               "have written non-finite values into its activations)", request=request)
 
 
+def nucleus(probs: Float[Tensor, "rows d_vocab"], top_p: Float[Tensor, "rows"]) -> Float[Tensor, "rows d_vocab"]:
+    """``probs`` with every token outside each row's nucleus zeroed: the most probable tokens, in order, until their
+    mass reaches ``top_p`` (the token that crosses it included, so the most probable one always stays)."""
+    ordered, order = probs.sort(dim=-1, descending=True)
+    outside = (ordered.cumsum(-1) - ordered) >= top_p[:, None]
+    return probs.masked_fill(outside.scatter(-1, order, outside), 0.0)
+
+
 def choose(logits: Float[Tensor, "rows d_vocab"], temperatures: Sequence[float],
-           generators: Sequence[torch.Generator | None]) -> tuple[Tensor, Tensor, Tensor]:
+           generators: Sequence[torch.Generator | None],
+           top_ps: Sequence[float] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Chosen tokens, their untempered log-probabilities and the untempered entropies, each ``[rows]`` (CPU).
 
-    Row ``r`` is greedy when ``temperatures[r] == 0``, else it samples with ``generators[r]``.
+    Row ``r`` is greedy when ``temperatures[r] == 0``, else it samples with ``generators[r]``, from the nucleus of
+    mass ``top_ps[r]`` when that is below 1 (default: every row 1, the whole distribution).
     """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
@@ -56,7 +67,12 @@ def choose(logits: Float[Tensor, "rows d_vocab"], temperatures: Sequence[float],
     if sampled:
         index = torch.tensor(sampled, device=logits.device)
         temps = torch.tensor([temperatures[r] for r in sampled], dtype=logits.dtype, device=logits.device)
-        cdf = torch.softmax(logits[index] / temps[:, None], dim=-1).double().cumsum(-1)
+        probs = torch.softmax(logits[index] / temps[:, None], dim=-1).double()
+        cut = [i for i, r in enumerate(sampled) if top_ps is not None and top_ps[r] < 1]
+        if cut:  # rows at top_p 1 keep their exact distribution
+            p = torch.tensor([top_ps[sampled[i]] for i in cut], dtype=probs.dtype, device=probs.device)
+            probs[cut] = nucleus(probs[cut], p)
+        cdf = probs.cumsum(-1)
         u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64, device=generators[r].device)
                          for r in sampled]).to(cdf.device)
         drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)

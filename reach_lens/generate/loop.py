@@ -187,7 +187,8 @@ class DecodeLoop:
 
     def _record(self, row_id: int, logits: Tensor, hidden: Tensor) -> None:
         row = self.rows[row_id]
-        tokens, logprobs, entropies = choose(logits, [row.request.temperature], [row.generator])
+        request = row.request
+        tokens, logprobs, entropies = choose(logits, [request.temperature], [row.generator], [request.top_p])
         self._append(row_id, int(tokens[0]), float(logprobs[0]), float(entropies[0]), hidden)
 
     def _append(self, row_id: int, token: int, logprob: float, entropy: float, hidden: Tensor) -> None:
@@ -353,7 +354,8 @@ class DecodeLoop:
         check_finite(logits[live], [self.slots[s] for s in live], self._describe)
         rows = [self.slots[s] for s in live]
         chosen, logprobs, entropies = choose(logits[live], [self.rows[r].request.temperature for r in rows],
-                                             [self.rows[r].generator for r in rows])
+                                             [self.rows[r].generator for r in rows],
+                                             [self.rows[r].request.top_p for r in rows])
         for j, (slot, row_id) in enumerate(zip(live, rows)):
             self._append(row_id, int(chosen[j]), float(logprobs[j]), float(entropies[j]), hidden[slot])
             self.next_tokens[slot] = int(chosen[j])

@@ -28,7 +28,8 @@ class Request:
     - ``route``: the layers run, in order (``None``: the full path ``0..L-1``); skips and repeats allowed,
       a repeated layer has its own KV-cache entries.
     - ``temperature`` 0 is greedy (argmax); above 0 the row samples from softmax(logits / T) with its own
-      generator seeded by ``seed`` (required), so its tokens depend on (model, prompt, route, T, seed) only.
+      generator seeded by ``seed`` (required), so its tokens depend on (model, prompt, route, T, top_p, seed) only;
+      ``top_p`` < 1 samples from the nucleus: the most probable tokens whose tempered mass reaches ``top_p``.
     - A row ends at a token of ``stop_token_ids`` (``None``: the tokenizer's EOS; ``()``: none), at the first
       of ``stop_strings`` in its decoded continuation, or after ``max_new_tokens``.
     - ``keep_hidden``: also return the residual stream entering ``ln_final`` at the position whose logits
@@ -39,6 +40,7 @@ class Request:
     max_new_tokens: int
     route: tuple[int, ...] | None = None
     temperature: float = 0.0
+    top_p: float = 1.0
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] | None = None
@@ -59,6 +61,8 @@ class Request:
             raise ValueError(f"temperature {self.temperature} out of range: expected a finite value >= 0")
         if self.temperature > 0 and self.seed is None:
             raise ValueError(f"temperature {self.temperature} samples: pass a seed")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p} out of range: expected 0 < top_p <= 1")
 
 
 @dataclass(frozen=True)

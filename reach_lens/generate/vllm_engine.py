@@ -155,7 +155,7 @@ class VLLMEngine(Engine):
         requests = list(requests)
         self.check(requests, interventions)
         eos = self._tokenizer.eos_token_id
-        params = [SamplingParams(temperature=r.temperature, seed=r.seed if r.temperature > 0 else None,
+        params = [SamplingParams(temperature=r.temperature, top_p=r.top_p, seed=r.seed if r.temperature > 0 else None,
                                  max_tokens=r.max_new_tokens, stop=list(r.stop_strings) or None,
                                  stop_token_ids=[t for t in (r.stop_token_ids or ()) if t != eos] or None,
                                  ignore_eos=r.stop_token_ids is not None and eos not in r.stop_token_ids,

@@ -75,7 +75,8 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
            crossings=None) -> str:
     """The tables (``reach_lens.rlvr.tables``) as markdown, every oracle beside its guessing floor: ``t5``
     `tables.checkpoint_changes`, ``fates`` `tables.fates_table`, ``t6`` `tables.checkpoint_changes_by_budget`, ``t7``
-    `tables.deployed_vote_oracle`, ``t8`` `tables.format_transfer`, ``prop`` `tables.propensity` (the paper's
+    `tables.deployed_vote_oracle`, ``t8`` `tables.format_transfer` (None: no control format, no Table 8), ``prop``
+    `tables.propensity` (the paper's
     Tables 5-8, Figures 6a and 7); ``reference`` (the paper's figures to read them against) follows Table 5;
     ``crossings`` (`tables.crossovers`) adds each lineage's reach@k crossover to the per-lineage lines after
     Figure 6a."""
@@ -113,22 +114,29 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
     for _, r in t7.iterrows():
         lines.append(f"| {r.checkpoint} | {_pct(r, 'D')} | {_pct(r, 'vote')} | {_pct(r, 'O')} | {_floor(r.floor)} | "
                      f"{_pct(r, 'O_all')} | {_floor(r.floor_all)} |")
-    lines += ["", f"## Table 8: format transfer ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
-              "not base-realized", "",
-              "Base and trained checkpoints get the same prompt text in each format here, so this is whether gains "
-              f"in {fmt} transfer to {control_fmt}, a format training need not have seen, not the paper's "
-              "native-vs-shared confound (a checkpoint's own template against the base's).", "",
-              f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
-              f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
-              "|---|---|---|---|---|---|---|---|"]
-    for _, r in t8.iterrows():
-        lines.append(f"| {r.pair} | {r.n_pool} | {_pct(r, 'realized_native')} | {_pct(r, 'realized_shared')} | "
-                     f"{_pct(r, 'base_realized_shared')} | {_ratio(r)} | "
-                     f"{r.D_base_native:.1%} / {r.D_base_shared:.1%} | "
-                     f"{r.D_trained_native:.1%} / {r.D_trained_shared:.1%} |")
+    if t8 is not None:
+        lines += _format_transfer(t8, K, fmt, control_fmt)
     lines += ["", "## Figure 7: realization after training among base-unrealized questions, by base hit rate", "",
               "expected: the bin's realized count if realization were independent of the base hit rate (95% "
               "permutation interval).", "",
               markdown(prop[["pair", "K", "bin", "n", "realized", "realization", "realization_lo", "realization_hi",
                              "expected_realized", "expected_lo", "expected_hi"]])]
     return "\n".join(lines) + "\n"
+
+
+def _format_transfer(t8, K: int, fmt: str, control_fmt: str) -> list[str]:
+    """Table 8's section (`tables.format_transfer`)."""
+    lines = ["", f"## Table 8: format transfer ({fmt} vs {control_fmt}); pool = base-reachable (K = {K}), "
+             "not base-realized", "",
+             "Base and trained checkpoints get the same prompt text in each format here, so this is whether gains "
+             f"in {fmt} transfer to {control_fmt}, a format training need not have seen, not the paper's "
+             "native-vs-shared confound (a checkpoint's own template against the base's).", "",
+             f"| pair | pool | realized, {fmt} | realized, {control_fmt} | base realizes in "
+             f"{control_fmt} | retained | D base {fmt} / {control_fmt} | D trained {fmt} / {control_fmt} |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in t8.iterrows():
+        lines.append(f"| {r.pair} | {r.n_pool} | {_pct(r, 'realized_native')} | {_pct(r, 'realized_shared')} | "
+                     f"{_pct(r, 'base_realized_shared')} | {_ratio(r)} | "
+                     f"{r.D_base_native:.1%} / {r.D_base_shared:.1%} | "
+                     f"{r.D_trained_native:.1%} / {r.D_trained_shared:.1%} |")
+    return lines

@@ -8,6 +8,7 @@
     reach_curves({"base": base_2K, "grpo": ...})                      # reach@k, k = 1..2K, per checkpoint
     crossovers({"base": base_2K, "grpo": ...}, "base")                # where the base's reach@k overtakes
     format_transfer({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # Table 8
+    per_question({"base": base_2K, "grpo": ...}, "base", K=16)        # each question's D, hits/K, O and fate
     audit_tables(records, control, "base", K=16, T=0.8, m=None)       # all of them, by the file each is written to
 
 ``m`` is the number of options of a multiple-choice task, or each question's (None for free-form answers):
@@ -269,13 +270,31 @@ def format_transfer(cells: Mapping[str, tuple[pd.DataFrame, pd.DataFrame, pd.Dat
     return pd.DataFrame(rows)
 
 
-def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.DataFrame], base: str, K: int,
+def per_question(records: Mapping[str, pd.DataFrame], base: str, K: int) -> pd.DataFrame:
+    """One row per question and trained checkpoint (``pair``): base and trained D, hits and O at K (the first K
+    samples) and over all samples (``hits_all_*``, ``o_all_*`` of ``samples``), and the question's fate at K on both
+    axes (`fates.fates`: realization, reachability)."""
+    frames = []
+    for label, trained in records.items():
+        if label == base:
+            continue
+        f = fates(records_at(records[base], K), records_at(trained, K))
+        everything = fates(records[base], trained)[["question_id", "hits_base", "o_base", "hits_trained", "o_trained",
+                                                      "K_base"]]
+        everything.columns = ["question_id", "hits_all_base", "o_all_base", "hits_all_trained", "o_all_trained",
+                              "samples"]
+        frames.append(f.merge(everything, on="question_id", how="left", validate="one_to_one").assign(pair=label))
+    out = pd.concat(frames, ignore_index=True)
+    return out[["pair", *[c for c in out.columns if c != "pair"]]]
+
+
+def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.DataFrame] | None, base: str, K: int,
                  T: float, m: int | Sequence[int] | None, bins: Sequence[float] | None = None,
                  seed: int = 0) -> dict[str, pd.DataFrame]:
     """Every table of one audit, by the name of its file: ``records`` maps each checkpoint (``base`` among them) to
     its records of 2K samples, ``control`` to its greedy answers in the control format (``runs.RunLoop.deployed``
-    rows); ``K`` is the main budget, ``T`` the temperature (a column of every table), ``bins`` the propensity's
-    hit-rate edges (default: hit counts that follow K)."""
+    rows; None: no format-transfer table); ``K`` is the main budget, ``T`` the temperature (a column of every
+    table), ``bins`` the propensity's hit-rate edges (default: hit counts that follow K)."""
     trained = [label for label in records if label != base]
     at_k = {label: records_at(r, K) for label, r in records.items()}
     pairs_k = {label: (at_k[base], at_k[label]) for label in trained}
@@ -288,9 +307,11 @@ def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.D
                                    ignore_index=True),
            "table6_budget": checkpoint_changes_by_budget(pairs_2k, K, m, seed=seed),
            "table7_lineage": deployed_vote_oracle(records, K, m),
-           "table8_format_transfer": format_transfer({label: (at_k[base], at_k[label], control[base], control[label])
-                                                      for label in trained}, seed=seed),
-           "reach_curves": curves, "crossover": crossovers(records, base, seed=seed)}
+           "reach_curves": curves, "crossover": crossovers(records, base, seed=seed),
+           "questions": per_question(records, base, K)}
+    if control is not None:
+        out["table8_format_transfer"] = format_transfer(
+            {label: (at_k[base], at_k[label], control[base], control[label]) for label in trained}, seed=seed)
     for table in out.values():
         table.insert(1, "T", T)
     return out

@@ -53,7 +53,8 @@ def _versions() -> dict:
 
 
 def read_metadata(path: Path | str) -> dict | None:
-    """The training metadata of a checkpoint directory, or None for a checkpoint reach_lens did not train."""
+    """The training metadata of a checkpoint directory, or None for a checkpoint reach_lens did not train (any
+    other model argument: a hub name, a GGUF file, another directory)."""
     file = Path(path) / METADATA
     return json.loads(file.read_text()) if file.exists() else None
 
