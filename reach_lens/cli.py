@@ -226,6 +226,15 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
     own.add_argument("--shots", type=existing_path, default=None,
                      help="a second file of solved examples in the same layout, shown before every question (the "
                           "fewshot format)")
+    lm = p.add_argument_group("an lm-evaluation-harness task (lm-eval:NAME or lm-eval:path/to/task.yaml; the lm-eval "
+                              "extra)")
+    lm.add_argument("--lm-eval-include", type=existing_path, default=None, metavar="DIR",
+                    help="a directory of task YAMLs (lm-eval's include_path) in which lm-eval:NAME is looked up")
+    lm.add_argument("--lm-eval-filter", default=None, metavar="NAME",
+                    help="the task's filter pipeline that grades (default: its first, e.g. strict-match)")
+    lm.add_argument("--lm-eval-metric", default=None, metavar="NAME",
+                    help="the metric a verdict reads (default: the task's first, e.g. exact_match, acc)")
+    lm.add_argument("--num-fewshot", type=nonnegative_int, default=None, help="shots (default: the task's)")
     return p
 
 
@@ -353,28 +362,35 @@ def load_engine(args: argparse.Namespace, name: str | None = None):
         raise UserError(str(e)) from e
 
 
-_FILE_OPTIONS = ("fields", "grader", "shots")
+# the options of each scheme's factory: its argument name -> the flag's attribute
+_OPTIONS = {"file": {"fields": "fields", "grader": "grader", "shots": "shots"},
+            LM_EVAL_SCHEME: {"include_path": "lm_eval_include", "filter_name": "lm_eval_filter",
+                             "metric": "lm_eval_metric", "num_fewshot": "num_fewshot"}}
+
+
+def _scheme(name: str) -> str | None:
+    scheme = name.partition(":")[0]
+    return "file" if scheme in FILE_SCHEMES else scheme if scheme == LM_EVAL_SCHEME else None
 
 
 def _task_options(args: argparse.Namespace, name: str) -> dict:
     """The options ``get_task`` passes to the factory of task ``name`` (those the user gave)."""
-    scheme = name.partition(":")[0]
-    if scheme in FILE_SCHEMES:
-        given = {key: getattr(args, key, None) for key in _FILE_OPTIONS}
-        if given["fields"] is not None:
-            given["fields"] = dict(given["fields"])
-        return {key: value for key, value in given.items() if value is not None}
-    return {}
+    given = {option: getattr(args, flag, None) for option, flag in _OPTIONS.get(_scheme(name), {}).items()}
+    if given.get("fields") is not None:
+        given["fields"] = dict(given["fields"])
+    return {option: value for option, value in given.items() if value is not None}
 
 
 def tasks(args: argparse.Namespace) -> dict[str, Any]:
     """The tasks of ``--task`` / ``--tasks`` by name, with their options, checked before any model loads: options no
     task takes, two tasks of one name, ``--source`` for several tasks and a ``--fmt`` a task lacks are refused."""
     names = list(args.tasks) if hasattr(args, "tasks") else [args.task]
-    for key in _FILE_OPTIONS:
-        if getattr(args, key, None) is not None and not any(n.partition(":")[0] in FILE_SCHEMES for n in names):
-            raise UserError(f"--{key} is for a task read from a file (jsonl:PATH, json:, csv:, parquet:); the tasks "
-                            f"are {', '.join(names)}")
+    for scheme, flags in _OPTIONS.items():
+        what = "a task read from a file (jsonl:PATH, json:, csv:, parquet:)" if scheme == "file" else \
+            "an lm-evaluation-harness task (lm-eval:NAME or lm-eval:path/to/task.yaml)"
+        for flag in flags.values():
+            if getattr(args, flag, None) is not None and not any(_scheme(n) == scheme for n in names):
+                raise UserError(f"--{flag.replace('_', '-')} is for {what}; the tasks are {', '.join(names)}")
     if args.source is not None and len(names) > 1:
         raise UserError(f"--source {args.source!r} names one data source for {len(names)} tasks: give one task with it")
     built: dict[str, Any] = {}

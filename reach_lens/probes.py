@@ -131,7 +131,7 @@ RECOGNITION_KEYS = ("question_id", "gold_index", "loglik", "norm_loglik", "pred_
 
 
 def recognize(model: Model, task: Task, questions: Sequence[Question], interventions: Sequence[Intervention] = (),
-              batch_size: int = 32, norm: str = "tokens") -> list[dict]:
+              batch_size: int = 32, norm: str | None = None) -> list[dict]:
     """Multiple-choice recognition by option log-likelihood, one dict per question (``RECOGNITION_KEYS``).
 
     For each option, ``task.recognition_items`` gives (context, continuation); context and continuation are
@@ -139,11 +139,13 @@ def recognize(model: Model, task: Task, questions: Sequence[Question], intervent
     special tokens), and the continuation's log-likelihood is the sum of its tokens' log-probabilities.
     Keys: ``question_id``, ``gold_index``, ``loglik`` (list over options), ``norm_loglik`` (loglik divided
     by the continuation's token count, ``norm="tokens"``, or by the option text's character count without
-    the target delimiter, the leading space, ``norm="chars"``: exactly lm-evaluation-harness's acc_norm),
+    the target delimiter, the leading space, ``norm="chars"``: exactly lm-evaluation-harness's acc_norm; None: the
+    task's ``recognition_norm``, tokens but for lm-evaluation-harness tasks),
     ``pred_sum`` and ``pred_norm`` (argmax option index of each), ``gold_rank`` (1 + options with a higher
     loglik).
     """
     engine = _engine(model)
+    norm = task.recognition_norm if norm is None else norm
     if norm not in NORMS:
         raise ValueError(f"norm {norm!r} unknown; expected one of {NORMS}")
     if task.kind != "mc":

@@ -185,6 +185,39 @@ def test_compare_audits_any_checkpoint_pair_on_a_users_file(tmp_path, checkpoint
     assert {p["settings"]["split"] for p in protocols} == {None}
 
 
+def test_an_lm_eval_task_runs_through_a_study_with_its_options(tmp_path, checkpoint):
+    """--tasks lm-eval:YAML (a multiple-choice task over a local file) with --lm-eval-metric: the study runs and its
+    protocols pin the task's spec; an option of the other scheme is refused."""
+    pytest.importorskip("lm_eval")
+    data = arc_file(tmp_path / "q.jsonl", n=4)
+    yaml = tmp_path / "tasks" / "tiny_arc.yaml"
+    yaml.parent.mkdir()
+    yaml.write_text(f"""task: tiny_arc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices.text}}}}"
+doc_to_target: "{{{{choices.label.index(answerKey)}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""")
+    argv = ["--model", str(checkpoint), "--tasks", f"lm-eval:{yaml}", "--lm-eval-metric", "acc_norm", "--n", "4",
+            "--K", "2", "--temperatures", "0.8", "--fmt", "shared", "--out", str(tmp_path / "runs"), "--figures",
+            str(tmp_path / "figures"), "--threads", "1"]
+    result = run_script("sampling_gap", *argv, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "| tiny-llama | lm-eval-tiny_arc |" in result.stdout, result.stdout
+    protocols = json.loads(next((tmp_path / "runs").glob("summary-table2-*/protocols.json")).read_text())
+    assert {p["task_spec"]["metric"] for p in protocols} == {"acc_norm"} and {p["task"] for p in protocols} == {"lm-eval-tiny_arc"}
+    refused(run_script("sampling_gap", *argv, "--grader", "mc_letter", cwd=tmp_path), "sampling_gap",
+            "--grader is for a task read from a file")
+
+
 # ---------------------------------------------------------------- cli.run itself
 
 

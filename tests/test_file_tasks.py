@@ -11,7 +11,6 @@ from conftest import needs_shared_data, SHARED_DATA
 
 from reach_lens.protocol import Protocol
 from reach_lens.tasks import Task, get_task, register_task, task_names
-from reach_lens.tasks.files import file_task
 
 FACTS = {"model": "tiny", "weights": "0" * 16, "device": "cpu", "dtype": "float32"}
 

@@ -81,6 +81,7 @@ class Task(ABC):
     default_format: str = "native"
     default_split: str = "test"
     hf_config: str | None = None
+    recognition_norm: str = "tokens"  # what probes.recognize's norm_loglik divides by: "tokens", or "chars" (acc_norm)
 
     def __init__(self) -> None:
         self.last_skipped = 0

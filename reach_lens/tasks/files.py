@@ -74,14 +74,6 @@ GRADERS = {"mc_letter": MCTask.grader, "short_answer_em": ShortAnswerTask.grader
 _MISSING = object()
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def reader_of(path: Path, reader: str | None = None) -> str:
     """The reader of ``path``: ``reader`` when given (one of ``READERS``' values), else the file's suffix's."""
     readers = sorted(set(READERS.values()))
@@ -236,7 +228,7 @@ class FileTask(Task):
         self.default_split = "test"
         self.formats = (*type(self).formats, "fewshot") if shots is not None else type(self).formats
         self.default_format = "fewshot" if shots is not None else "native"
-        self._sha256 = sha256_file(path)
+        self._sha256 = sources.sha256_file(path)
         self._shots = self._shot_block() if shots is not None else None
 
     # ---- loading -------------------------------------------------------------------------------
@@ -315,7 +307,7 @@ class FileTask(Task):
 
     def spec(self) -> dict:
         shots = None if self.shots_path is None else {"file": self.shots_path.name,
-                                                      "sha256": sha256_file(self.shots_path)}
+                                                      "sha256": sources.sha256_file(self.shots_path)}
         return {"kind": "file", "file": self.path.name, "reader": self.reader, "sha256": self._sha256,
                 "fields": dict(self.fields), "grader": self.grader_name, "shots": shots}
 

@@ -7,6 +7,7 @@ record can be reported by file and line.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,15 @@ class Row:
     index: int
     data: Any
     error: str | None = None
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex of a file's bytes (what a protocol records of a user's data file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def canonical_split(split: str) -> str:
