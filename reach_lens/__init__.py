@@ -5,7 +5,7 @@ study helpers live in their modules.
 
     from reach_lens import load_model, get_task, deploy, sample, Silence
     model = load_model()                                  # the embedded SmolLM2-135M-Instruct
-    task = get_task("arc_easy")
+    task = get_task("arc_easy")                           # or "jsonl:my_benchmark.jsonl", "lm-eval:task.yaml"
     questions = task.load()[:8]
     greedy = deploy(model, task, questions, "native", interventions=[Silence(20, "hook_mlp_out")])
 """
@@ -16,7 +16,10 @@ from reach_lens.wheels import hide_broken_wheels
 hide_broken_wheels()  # before transformers is imported: see reach_lens.wheels
 
 from reach_lens.audit import reach_curve, summarize
-from reach_lens.interventions import Latents, Route, Silence, Steer, Units, hooks_for, intervention_from_dict
+from reach_lens.architectures import Architecture, register_architecture
+from reach_lens.hooks import LAYER_OUTPUTS, hook_point
+from reach_lens.interventions import (Intervention, Latents, Route, Silence, Steer, Units, hooks_for,
+                                      intervention_from_dict, intervention_kinds)
 from reach_lens.models import load_model, prune_magnitude
 from reach_lens.probes import deploy, recognize, route, sample
 from reach_lens.protocol import Protocol
@@ -27,7 +30,8 @@ from reach_lens.stats import guessing_floor, wilson_interval
 from reach_lens.store import RunStore
 from reach_lens.tasks import get_task, register_task, subsample, task_names
 
-__all__ = ["Latents", "Protocol", "Route", "RunLoop", "RunStore", "Silence", "Steer", "Units",
-           "__version__", "deploy", "get_task", "guessing_floor", "hooks_for", "intervention_from_dict", "load_model",
-           "majority_vote", "prune_magnitude", "reach_curve", "recognize", "record_table", "route", "sample",
-           "subsample", "summarize", "wilson_interval"]
+__all__ = ["Architecture", "Intervention", "LAYER_OUTPUTS", "Latents", "Protocol", "Route", "RunLoop", "RunStore",
+           "Silence", "Steer", "Units", "__version__", "deploy", "get_task", "guessing_floor", "hook_point", "hooks_for",
+           "intervention_from_dict", "intervention_kinds", "load_model", "majority_vote", "prune_magnitude",
+           "reach_curve", "recognize", "record_table", "register_architecture", "register_task", "route", "sample",
+           "subsample", "summarize", "task_names", "wilson_interval"]
