@@ -13,9 +13,6 @@ from torch import Tensor
 
 from reach_lens.errors import UserError
 
-FINISH_REASONS = ("eos", "stop", "length")
-
-
 class EngineCapabilityError(UserError, ValueError):
     """A request needs something (hooks, routes, hidden states, log-likelihoods) this engine cannot do."""
 
@@ -88,8 +85,8 @@ class Generation:
     ``tokens`` are the new tokens, including the one that ended the row (EOS, or the token completing a stop
     string). ``token_logprobs[t]`` / ``token_entropies[t]`` are the log-probability of ``tokens[t]`` and the
     entropy (nats) of the model's *untempered* next-token distribution (temperature 1), whatever temperature
-    chose the token. ``text`` is the decoded continuation cut before the first stop string (None without a
-    decoder). ``route`` is the route it ran under (None: the full path); ``hidden`` is filled when asked
+    chose the token. ``finish_reason`` is "eos", "stop" (a stop string) or "length" (the budget). ``text`` is the
+    decoded continuation cut before the first stop string (None without a decoder). ``route`` is the route it ran under (None: the full path); ``hidden`` is filled when asked
     (``Request.keep_hidden``).
     """
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Iterator, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 
 from reach_lens.routing.spaces import ActionSpace, Path
 
@@ -56,16 +55,6 @@ class SearchTrace:
     def best(self) -> Path:
         """The first route with the highest reward."""
         return self.routes[int(np.argmax(self.rewards))]
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per route: k (1-based), route (list), reward, oracle, batch (0-based batch index)."""
-        batch = np.repeat(np.arange(len(self.batch_sizes)), self.batch_sizes)
-        return pd.DataFrame({
-            "method": self.method, "space": self.space, "seed": self.seed,
-            "k": np.arange(1, len(self.routes) + 1), "route": [list(r) for r in self.routes],
-            "reward": self.rewards, "oracle": self.oracle(len(self.routes)) if self.routes else [],
-            "batch": batch,
-        })
 
 
 class Search(ABC):
