@@ -143,7 +143,7 @@ def test_too_small_panel_ends_the_main_job_with_a_message(tmp_path, checkpoint):
     assert "[mlp_localize] " in result.stderr  # the study's messages: on stderr, by its logger
 
 
-def test_a_bad_row_of_a_users_file_is_refused_naming_file_row_and_field_before_anything_runs(tmp_path):
+def test_a_bad_row_of_a_users_file_is_refused_naming_file_row_and_field_before_anything_runs(tmp_path, capsys):
     rows = [{"question": "Which one is number 1?", "answer": "ice"}, {"question": "Which one is number 2?", "answer": ""}]
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -151,10 +151,13 @@ def test_a_bad_row_of_a_users_file_is_refused_naming_file_row_and_field_before_a
                         "--figures", str(tmp_path / "figures"), cwd=tmp_path)
     refused(result, "sampling_gap", "mine.jsonl line 2: field 'answer': missing or empty answer")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "figures").exists()
-    refused(run_script("sampling_gap", "--tasks", "squad", "--fields", "question=q", "--out", str(tmp_path / "runs"),
-                       cwd=tmp_path), "sampling_gap", "--fields is for a task read from a file")
-    result = run_script("sampling_gap", "--tasks", "arc", cwd=tmp_path)
-    assert result.returncode == 2 and "unknown task 'arc': expected a registered name, jsonl:PATH" in result.stderr
+    script = load_script("sampling_gap")
+    with pytest.raises(UserError, match="--fields is for a task read from a file"):
+        script.main(["--tasks", "squad", "--fields", "question=q", "--out", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--tasks", "arc"])
+    assert stop.value.code == 2 and "unknown task 'arc': expected a registered name, jsonl:PATH" in \
+        capsys.readouterr().err
 
 
 def test_compare_audits_any_checkpoint_pair_on_a_users_file(tmp_path, checkpoint):
@@ -214,8 +217,8 @@ metric_list:
     assert "| tiny-llama | lm-eval-tiny_arc |" in result.stdout, result.stdout
     protocols = json.loads(next((tmp_path / "runs").glob("summary-table2-*/protocols.json")).read_text())
     assert {p["task_spec"]["metric"] for p in protocols} == {"acc_norm"} and {p["task"] for p in protocols} == {"lm-eval-tiny_arc"}
-    refused(run_script("sampling_gap", *argv, "--grader", "mc_letter", cwd=tmp_path), "sampling_gap",
-            "--grader is for a task read from a file")
+    with pytest.raises(UserError, match="--grader is for a task read from a file"):
+        load_script("sampling_gap").main([*argv, "--grader", "mc_letter"])
 
 
 # ---------------------------------------------------------------- cli.run itself
