@@ -133,6 +133,8 @@ def test_the_protocol_records_the_file_by_hash_and_mapping(tmp_path):
     ([{"question": "a?", "answer": "x"}, {"question": "b?"}], {}, r"bad.jsonl line 2: field 'answer': missing"),
     ([{"id": 1, "question": "a?", "answer": "x"}, {"id": 1, "question": "b?", "answer": "y"}], {},
      r"bad.jsonl line 2: duplicate question id '1' \(first seen at bad.jsonl line 1\)"),
+    ([{"question": "a?", "answer": "x"}, {"question": "a?", "answer": "y"}], {},
+     r"bad.jsonl line 2: duplicate question id .*: both rows hold the same question \(without an id field"),
     ([{"question": "a?", "choices": ["x", "y"], "label": 0}, {"question": "b?", "choices": ["x", "y"], "label": 2}],
      {}, r"bad.jsonl line 2: field 'label': label 2 out of range for 2 choices \(0..1\)"),
     ([{"question": "a?", "choices": ["x", "y"], "label": 0}, {"question": "b?", "answer": "x"}], {},

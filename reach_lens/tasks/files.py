@@ -237,8 +237,14 @@ class FileTask(Task):
         """Every question of the file (``source`` and ``split`` do not apply: the task is its file)."""
         if source is not None:
             raise ValueError(f"task {self.name!r} reads {self.path}; a source {source!r} does not apply to it")
-        questions = self._parse_all(file_rows(self.path, self.reader), split or self.default_split, skip_malformed,
-                                    str(self.path))
+        try:
+            questions = self._parse_all(file_rows(self.path, self.reader), split or self.default_split,
+                                        skip_malformed, str(self.path))
+        except ValueError as err:
+            if "id" in self.fields or "duplicate question id" not in str(err):
+                raise
+            raise ValueError(f"{err}: both rows hold the same question (without an id field, a question's id is a "
+                             "hash of its context and text): give the rows an 'id' field, or drop the repeat") from None
         if self._shots is not None:
             asked = {q.id for q in questions}
             for shot in self._shots[1]:
