@@ -174,7 +174,7 @@ def common(out: str, batch_size: int = 16) -> argparse.ArgumentParser:
 
 
 def task_name(text: str) -> str:
-    """A task ``get_task`` can make: a registered name, ``jsonl:PATH`` (and json:, csv:, parquet:) or ``lm-eval:...``."""
+    """A task ``get_task`` can make: a registered name, ``jsonl:PATH`` (json:, csv:, parquet:) or ``lm-eval:...``."""
     try:
         return check_task_name(text)
     except ValueError as e:
@@ -338,9 +338,9 @@ def engines() -> argparse.ArgumentParser:
 def load_engine(args: argparse.Namespace, name: str | None = None):
     """The model of ``--model`` (or ``name``) for hook-free probes: a ``HookedTransformer`` on the TransformerLens
     engine, or a ``VLLMEngine`` over its Hugging Face checkpoint (``models.local_checkpoint``: an embedded model's
-    converted directory, a PEFT adapter merged onto its base) with ``--dtype`` and ``--n-devices`` GPUs of tensor parallelism (after ``setup``). On the CPU,
-    ``--threads`` N binds vLLM's workers to the first N cores this process may use (unless
-    ``VLLM_CPU_OMP_THREADS_BIND`` is set)."""
+    converted directory, a PEFT adapter merged onto its base) with ``--dtype`` and ``--n-devices`` GPUs of tensor
+    parallelism (after ``setup``). On the CPU, ``--threads`` N binds vLLM's workers to the first N cores this process
+    may use (unless ``VLLM_CPU_OMP_THREADS_BIND`` is set)."""
     if args.engine == "transformer_lens":
         return load(args, name)
     if args.ray is not None or args.workers > 1:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -178,8 +179,6 @@ def _text(value: Any) -> str:
 def _listed(value: Any) -> Any:
     """A CSV cell holding a JSON list (``'["a", "b"]'``) as the list; other values unchanged."""
     if isinstance(value, str) and value.strip().startswith("["):
-        import json
-
         try:
             parsed = json.loads(value)
         except ValueError:
@@ -252,9 +251,6 @@ class FileTask(Task):
                     raise ValueError(f"{self.shots_path.name}: the shot {shot!r} is also a question of {self.path.name}: "
                                      "held-out shots must not be asked")
         return questions
-
-    def default_rows(self, split: str) -> Iterator[Row]:
-        return file_rows(self.path, self.reader)
 
     def parse(self, data: Any, split: str, index: int) -> Question:
         if not isinstance(data, Mapping):
