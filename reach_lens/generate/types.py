@@ -86,8 +86,8 @@ class Generation:
     string). ``token_logprobs[t]`` / ``token_entropies[t]`` are the log-probability of ``tokens[t]`` and the
     entropy (nats) of the model's *untempered* next-token distribution (temperature 1), whatever temperature
     chose the token. ``finish_reason`` is "eos", "stop" (a stop string) or "length" (the budget). ``text`` is the
-    decoded continuation cut before the first stop string (None without a decoder). ``route`` is the route it ran under (None: the full path); ``hidden`` is filled when asked
-    (``Request.keep_hidden``).
+    decoded continuation cut before the first stop string (None without a decoder). ``route`` is the route it ran
+    under (None: the full path); ``hidden`` is filled when asked (``Request.keep_hidden``).
     """
 
     tokens: list[int]

@@ -147,7 +147,8 @@ def resolve_fields(first: Any, fields: Mapping[str, str] | None, grader: str | N
             resolved[role] = found
     if "question" not in resolved:
         raise ValueError(f"{where}: no question field: none of {list(FIELD_DEFAULTS['question'])} (fields present: "
-                         f"{sorted(first)}); name it, e.g. fields={{'question': '<field>'}} (--fields question=<field>)")
+                         f"{sorted(first)}); name it, e.g. fields={{'question': '<field>'}} "
+                         "(--fields question=<field>)")
     grader = grader or ("mc_letter" if "choices" in resolved else "short_answer_em")
     if grader == "mc_letter":
         if "choices" not in resolved:
@@ -248,8 +249,8 @@ class FileTask(Task):
             asked = {q.id for q in questions}
             for shot in self._shots[1]:
                 if shot in asked:
-                    raise ValueError(f"{self.shots_path.name}: the shot {shot!r} is also a question of {self.path.name}: "
-                                     "held-out shots must not be asked")
+                    raise ValueError(f"{self.shots_path.name}: the shot {shot!r} is also a question of "
+                                     f"{self.path.name}: held-out shots must not be asked")
         return questions
 
     def parse(self, data: Any, split: str, index: int) -> Question:
@@ -422,7 +423,8 @@ class NumberFileTask(ReasoningFileTask):
         value = raw.split("####")[-1].strip()
         gold = normalize_number(value)
         if gold is None:
-            raise MalformedRow(f"field {self.fields['answer']!r}: answer {value!r} is not a number (grader number_final)")
+            raise MalformedRow(f"field {self.fields['answer']!r}: answer {value!r} is not a number "
+                               "(grader number_final)")
         return Question(qid, f"{context}\n{question}" if context else question, gold)
 
     grade = GSM8KTask.grade

@@ -48,8 +48,8 @@ format's source, shots and seed.
 
 Not supported (refused with the reason): groups and tags, ``loglikelihood`` tasks, multiple-input tasks (Winogrande),
 ``acc_mutual_info`` / ``acc_bytes``, documents with several gold choices, and ``acc_norm`` where a continuation is not
-``" " + choice`` (``recognize``'s divisor would differ from lm-eval's ``len(choice)``). A task's ``do_sample`` is not followed:
-``deploy`` is greedy and ``sample`` samples at the temperature it is given.
+``" " + choice`` (``recognize``'s divisor would differ from lm-eval's ``len(choice)``). A task's ``do_sample`` is not
+followed: ``deploy`` is greedy and ``sample`` samples at the temperature it is given.
 """
 
 from __future__ import annotations
@@ -259,7 +259,8 @@ def data_sha256(config) -> dict[str, dict[str, str]]:
     root = Path(str(config.dataset_path)).expanduser() if config.dataset_path else None
     if root is not None and root.exists():
         members = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        out["dataset_path"] = {str(p.relative_to(root)) if p != root else p.name: sources.sha256_file(p) for p in members}
+        out["dataset_path"] = {str(p.relative_to(root)) if p != root else p.name: sources.sha256_file(p)
+                               for p in members}
     return out
 
 
