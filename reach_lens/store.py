@@ -13,9 +13,11 @@ recomputes its rows. Nothing is read back from directory names: what a run is li
 One writer per directory, enforced: a writing ``RunStore`` holds an exclusive lock on ``root/.writer.lock``
 (``fcntl.flock``, so the kernel releases it when the holder exits or is killed, and a killed run's lock is taken
 over by the next one) and writes its process id there; a second process is refused at once with
-``RunDirectoryBusy`` naming the directory and that process id. ``RunStore.reader`` opens a run without the lock,
-to read it while its writer runs. Part names cannot collide: a part is published with ``os.link``, which never
-replaces an existing file.
+``RunDirectoryBusy`` naming the directory and that process id. The lock is held until the process exits, or
+until every writing ``RunStore`` of that directory in the process is closed (``store.close()``, or ``with
+RunStore(root, protocol) as store:``), so a notebook can release a run for a script to resume it.
+``RunStore.reader`` opens a run without the lock, to read it while its writer runs. Part names cannot collide: a
+part is published with ``os.link``, which never replaces an existing file.
 """
 import fcntl
 import json
@@ -56,14 +58,17 @@ class RunDirectoryBusy(UserError, RuntimeError):
 
 
 LOCK = ".writer.lock"
-_HELD: dict[tuple[int, str], int] = {}  # (process id, resolved root) -> the locked descriptor, held until exit
+# (process id, resolved root) -> [the locked descriptor, how many open writing stores of this process hold it]
+_HELD: dict[tuple[int, str], list[int]] = {}
 
 
-def _lock_writer(root: Path) -> None:
-    """Take ``root``'s writer lock for this process (again a no-op), or raise ``RunDirectoryBusy`` naming the holder."""
+def _lock_writer(root: Path) -> tuple[int, str]:
+    """Take ``root``'s writer lock for this process (again: one more holder), or raise ``RunDirectoryBusy`` naming the
+    holder; returns the key ``_unlock_writer`` releases."""
     key = (os.getpid(), str(root.resolve()))
     if key in _HELD:
-        return
+        _HELD[key][1] += 1
+        return key
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -76,7 +81,18 @@ def _lock_writer(root: Path) -> None:
     info = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     os.ftruncate(fd, 0)
     os.pwrite(fd, info.encode(), 0)
-    _HELD[key] = fd
+    _HELD[key] = [fd, 1]
+    return key
+
+
+def _unlock_writer(key: tuple[int, str]) -> None:
+    """One holder of the lock ``key`` lets go; the last one releases it (the lock file stays, as after a kill)."""
+    held = _HELD[key]
+    held[1] -= 1
+    if held[1] == 0:
+        del _HELD[key]
+        fcntl.flock(held[0], fcntl.LOCK_UN)
+        os.close(held[0])
 
 
 _ABSENT = object()
@@ -132,8 +148,8 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 class RunStore:
     """A run directory bound to one ``Protocol``: ``append`` rows to a table, ``read`` them back, ``done`` keys.
 
-    ``RunStore(root, protocol)`` is the directory's one writer (see the module docstring);
-    ``RunStore.reader(root, protocol)`` reads beside it and refuses to append."""
+    ``RunStore(root, protocol)`` is the directory's one writer (see the module docstring) until ``close()`` (or the
+    end of a ``with`` block); ``RunStore.reader(root, protocol)`` reads beside it and refuses to append."""
 
     def __init__(self, root: Path | str, protocol: Protocol, *, write: bool = True):
         if not isinstance(protocol, Protocol):
@@ -143,33 +159,55 @@ class RunStore:
         self.protocol = protocol
         self.fingerprint = protocol.fingerprint()
         self.write = write
+        self._lock: tuple[int, str] | None = None
         path = self.root / "protocol.json"
         if write:
             self.root.mkdir(parents=True, exist_ok=True)
-            _lock_writer(self.root)
+            self._lock = _lock_writer(self.root)
         elif not path.exists():
             raise UnreadableRunDirectory(f"{self.root} holds no run (no protocol.json) to read")
+        try:
+            self._bind(path)
+        except BaseException:
+            self.close()  # a refused store keeps no hold on the directory
+            raise
+
+    def _bind(self, path: Path) -> None:
+        """Check the protocol against the stored one (refusing another), or store it for a new run."""
         if path.exists():
             stored = self._stored(path)
-            lines = mismatch_lines(stored, protocol)
+            lines = mismatch_lines(stored, self.protocol)
             if lines:
                 text = "\n".join(f"  {line}" for line in lines)
                 raise ProtocolMismatch(f"{self.root} holds a run under a different protocol "
                                        f"({len(lines)} field(s) differ):\n{text}\n"
                                        "Pick another directory for this protocol.")
             # a different commit alone is fine: protocol.json keeps the one that started the run
-            if write:
-                self._save_vectors(protocol.vectors)
+            if self.write:
+                self._save_vectors(self.protocol.vectors)
         else:
-            text = json.dumps({"schema": SCHEMA, "fingerprint": self.fingerprint, "protocol": protocol.to_dict()},
+            text = json.dumps({"schema": SCHEMA, "fingerprint": self.fingerprint, "protocol": self.protocol.to_dict()},
                               sort_keys=True, indent=2, ensure_ascii=False)
             _write_atomic(path, lambda p: p.write_text(text + "\n"))
-            self._save_vectors(protocol.vectors)
+            self._save_vectors(self.protocol.vectors)
 
     @classmethod
     def reader(cls, root: Path | str, protocol: Protocol) -> "RunStore":
         """The run at ``root`` opened to read only: no lock, no writes (not even setting unreadable parts aside)."""
         return cls(root, protocol, write=False)
+
+    def close(self) -> None:
+        """Stop writing: this store's hold on the directory's writer lock is released (the lock itself once no other
+        writing store of this process holds it), and it reads only from now on. Again, or on a reader: nothing."""
+        if self._lock is not None:
+            _unlock_writer(self._lock)
+            self._lock, self.write = None, False
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        self.close()
 
     @property
     def vectors_dir(self) -> Path:
@@ -238,7 +276,7 @@ class RunStore:
     def append(self, table: str, rows: Sequence[Mapping[str, object]] | pd.DataFrame) -> Path | None:
         """Write `rows` as one new part of `table`; returns its path (None for no rows). Every row needs the same keys."""
         if not self.write:
-            raise PermissionError(f"{self.root} was opened with RunStore.reader: it reads only")
+            raise PermissionError(f"{self.root} was opened with RunStore.reader or closed: it reads only")
         if isinstance(rows, pd.DataFrame):
             if len(rows) == 0:
                 return None

@@ -349,3 +349,45 @@ def test_a_killed_writers_lock_is_taken_over(tmp_path):
 def test_a_reader_needs_a_run(tmp_path):
     with pytest.raises(UnreadableRunDirectory, match="no protocol.json"):
         RunStore.reader(tmp_path / "absent", PROTOCOL)
+
+
+def _takes_the_lock(tmp_path, root) -> bool:
+    """Whether another process can open ``root`` as its writer now (it then writes the 12 rows and exits)."""
+    go = tmp_path / "go"
+    go.touch()
+    proc = _writer(tmp_path, root, go)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 3), (out, err)
+    return proc.returncode == 0
+
+
+def test_close_releases_the_writer_lock_and_the_store_then_reads_only(tmp_path):
+    root = tmp_path / "run"
+    store = RunStore(root, PROTOCOL)
+    store.append("records", [{"question_id": "q000", "value": 0}])
+    assert not _takes_the_lock(tmp_path, root)  # held by this process
+    store.close()
+    store.close()  # again: nothing
+    with pytest.raises(PermissionError, match="closed: it reads only"):
+        store.append("records", [{"question_id": "q001", "value": 1}])
+    assert store.read("records").question_id.tolist() == ["q000"]
+    assert _takes_the_lock(tmp_path, root)  # another process writes now, and resumes after q000
+    assert RunStore.reader(root, PROTOCOL).read("records").question_id.tolist() == [f"q{i:03d}" for i in range(12)]
+
+
+def test_a_with_block_releases_the_lock_once_no_store_of_the_process_holds_it(tmp_path):
+    root = tmp_path / "run"
+    with RunStore(root, PROTOCOL) as first:
+        second = RunStore(root, PROTOCOL)  # a second writing store in the holding process shares the lock
+        assert first.write and second.write
+    assert not first.write and not _takes_the_lock(tmp_path, root)  # second still holds it
+    second.close()
+    assert _takes_the_lock(tmp_path, root)
+
+
+def test_a_refused_store_keeps_no_hold_on_the_directory(tmp_path):
+    root = tmp_path / "run"
+    RunStore(root, PROTOCOL).close()
+    with pytest.raises(ProtocolMismatch):
+        RunStore(root, PROTOCOL.replace(K=5))
+    assert _takes_the_lock(tmp_path, root)
