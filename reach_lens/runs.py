@@ -12,8 +12,11 @@ what a study derives from its runs.
 Every study stores its greedy answers the same way: a ``deployed`` table of ``{"question_id", **candidate}`` rows
 (``records.candidate``: text, answer, correct, ...) under the greedy protocol, and each candidate probe (K samples
 at a temperature, K routes) as a ``records`` table (``records.make_record``) that joins those greedy answers with
-the probe's candidates and their majority vote. This process is the one writer of every store: a killed run, or
-a killed worker, loses at most the chunks in progress, and a rerun computes only what is missing.
+the probe's candidates and their majority vote. Every store whose rows are keyed by ``Question``s also gets a
+``questions`` table (``QUESTION_COLUMNS``: what each question asked, and its prompt where the loop knows the
+format, as in ``deployed``), written the first time the loop meets a question, so that a report of the run never
+loads the task or the model again. This process is the one writer of every store: a killed run, or a killed
+worker, loses at most the chunks in progress, and a rerun computes only what is missing.
 """
 
 from __future__ import annotations
@@ -30,17 +33,29 @@ import pandas as pd
 from tqdm import tqdm
 
 from reach_lens import probes
+from reach_lens.generate import engine_for
 from reach_lens.parallel import LocalPool
 from reach_lens.plots import save
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
 from reach_lens.store import RunStore
+from reach_lens.tasks import Question
 
 log = logging.getLogger(__name__)
+QUESTIONS = "questions"  # the table of what each question asked
+QUESTION_COLUMNS = ("question_id", "question", "context", "gold", "aliases", "options", "labels", "prompt")
 
 
 def question_id(question: Any) -> str:
     return question.id
+
+
+def question_rows(questions: Sequence[Question], prompt: Callable[[Question], str] | None = None) -> list[dict]:
+    """``QUESTION_COLUMNS`` rows of ``questions``: id, text, context, gold, aliases, options and labels, and the
+    prompt text ``prompt(q)`` gives (None without it)."""
+    return [{"question_id": q.id, "question": q.question, "context": q.context, "gold": q.gold,
+             "aliases": list(q.aliases), "options": list(q.options), "labels": list(q.labels),
+             "prompt": None if prompt is None else prompt(q)} for q in questions]
 
 
 class RunLoop:
@@ -55,10 +70,14 @@ class RunLoop:
 
     def resume(self, store: RunStore, table: str, items: Sequence[Any], rows_of: Callable[[list], list[dict]],
                key: Callable[[Any], str] = question_id, column: str = "question_id",
-               desc: str | None = None) -> pd.DataFrame:
+               desc: str | None = None, prompt: Callable[[Question], str] | None = None) -> pd.DataFrame:
         """Compute ``rows_of(part)`` for the items whose ``key`` is not yet in ``store``'s ``table`` (its ``column``),
         appending each part as it is done; return the table's rows in ``items`` order (as an uninterrupted run in
-        one process writes them, whatever order parts were resumed or finished in)."""
+        one process writes them, whatever order parts were resumed or finished in). Items that are ``Question``s
+        the store's ``questions`` table lacks are added to it first (``question_rows``, with ``prompt``)."""
+        if items and all(isinstance(item, Question) for item in items):
+            known = store.done(QUESTIONS)
+            store.append(QUESTIONS, question_rows([q for q in items if q.id not in known], prompt))
         done = store.done(table, key=column)
         todo = [item for item in items if key(item) not in done]
         log.debug("%s/%s: %d of %d done, %d to compute in chunks of %d", store.root, table, len(items) - len(todo),
@@ -78,11 +97,14 @@ class RunLoop:
     def deployed(self, model: Any, task: Any, questions: Sequence[Any], fmt: str, store: RunStore,
                  desc: str | None = None, max_new_tokens: int | None = None) -> pd.DataFrame:
         """The greedy answer of every question (``probes.deploy``; ``max_new_tokens`` None: the task's budget),
-        ``{"question_id", **candidate}`` rows indexed by question id. ``model``: a HookedTransformer or an engine."""
+        ``{"question_id", **candidate}`` rows indexed by question id, and the questions with their prompts in ``fmt``.
+        ``model``: a HookedTransformer or an engine."""
+        tokenizer = engine_for(model).tokenizer
         return self.resume(store, "deployed", questions, lambda part: [
             {"question_id": q.id, **c} for q, c in zip(part, probes.deploy(
                 model, task, part, fmt, batch_size=self.batch_size, max_new_tokens=max_new_tokens))],
-            desc=desc or f"greedy answers ({task.name})").set_index("question_id")
+            desc=desc or f"greedy answers ({task.name})",
+            prompt=lambda q: task.prompt(q, fmt, tokenizer)).set_index("question_id")
 
     def records(self, store: RunStore, questions: Sequence[Any], deployed: pd.DataFrame,
                 candidates_of: Callable[[list], list[list[dict]]], desc: str | None = None) -> pd.DataFrame:

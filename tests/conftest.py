@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random HookedTransformers with the embedded model's architecture; the embedded model itself,
-loaded once per session (``embedded_model``, for integration tests); the rule for tests that need the benchmark
-files of ``../shared/data`` (``needs_shared_data``)."""
+loaded once per session (``embedded_model``, for integration tests); the rules for tests that need the benchmark
+files of ``../shared/data`` (``needs_shared_data``) and for those that drive a browser (marker ``browser``)."""
+import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,22 +20,41 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
+def skip_or_fail_in_ci(message: str) -> None:
+    """Skip the calling test for what ``message`` says is missing; under CI (``CI=true``) fail it instead: CI must not
+    pass by skipping."""
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: what is missing fails the test instead of skipping it)", pytrace=False)
+    pytest.skip(message)
+
+
 def require_shared_data(*paths: str, root: Path | None = None) -> Path:
     """``root`` (default ``SHARED_DATA``) if it and every ``paths`` under it exist. Otherwise the calling
     test is skipped, or, under CI (``CI=true``), FAILS: CI must not pass by skipping the real-data tests."""
     root = SHARED_DATA if root is None else root
     missing = [str(root / p) for p in paths if not (root / p).exists()] if root.is_dir() else [str(root)]
     if missing:
-        message = f"needs the benchmark files of ../shared/data: missing {', '.join(missing)}"
-        if in_ci():
-            pytest.fail(f"{message} (CI=true: a missing data file fails instead of skipping)", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail_in_ci(f"needs the benchmark files of ../shared/data: missing {', '.join(missing)}")
     return root
 
 
 needs_shared_data = pytest.mark.needs_shared_data
 """Marker: ``@needs_shared_data`` (the directory) or ``@needs_shared_data("arc/ARC-Easy-test.jsonl", ...)``
 (files under it): the test is skipped when they are missing, and fails under ``CI=true``."""
+
+
+CHROMIUM = os.environ.get("REACH_LENS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def require_browser() -> str:
+    """The Chromium the ``browser`` tests drive through Playwright (``CHROMIUM``: Debian's ``chromium``, or
+    ``$REACH_LENS_CHROMIUM``), if it and Playwright for Python are installed. Otherwise the calling test is skipped,
+    or, under CI (``CI=true``), FAILS: CI must not pass by skipping the browser tests."""
+    missing = [] if importlib.util.find_spec("playwright") else ["Playwright for Python (pip install -e '.[dev]')"]
+    missing += [] if Path(CHROMIUM).is_file() else [f"Chromium at {CHROMIUM} (apt-get install chromium)"]
+    if missing:
+        skip_or_fail_in_ci(f"needs a browser: missing {' and '.join(missing)}")
+    return CHROMIUM
 
 
 def pytest_configure(config):
@@ -59,6 +80,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs_shared_data"):
         require_shared_data(*marker.args)
+    if item.get_closest_marker("browser"):
+        require_browser()
 
 
 def tiny_config(n_layers: int = 4, d_vocab: int = 50, seed: int = 0) -> HookedTransformerConfig:

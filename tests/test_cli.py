@@ -53,34 +53,50 @@ def refused(result: subprocess.CompletedProcess, script: str, *says: str) -> str
     return err
 
 
-def arc_file(path: Path, n: int = 8, broken_line: int | None = None) -> Path:
-    """``n`` three-option ARC-format questions; line ``broken_line`` (1-based) is not JSON."""
-    rows = [json.dumps({"id": f"q{i}", "question": f"Which one is number {i}?", "answerKey": "ABC"[i % 3],
-                        "choices": {"text": ["ice", "fire", "snow"], "label": ["A", "B", "C"]}}) for i in range(n)]
+def arc_file(path: Path, n: int = 8, broken_line: int | None = None, rotate: bool = False) -> Path:
+    """``n`` three-option ARC-format questions; line ``broken_line`` (1-based) is not JSON; ``rotate``: question i's
+    options turned by i, its gold by i // 3 (so that the option a model likes and the letter it likes fall on
+    different questions' golds)."""
+    texts = ["ice", "fire", "snow"]
+    rows = [json.dumps({"id": f"q{i}", "question": f"Which one is number {i}?",
+                        "answerKey": "ABC"[(i // 3 if rotate else i) % 3],
+                        "choices": {"text": texts[i % 3:] + texts[:i % 3] if rotate else texts,
+                                    "label": ["A", "B", "C"]}}) for i in range(n)]
     if broken_line is not None:
         rows[broken_line - 1] = '{"id": "q-broken", "question": '
     path.write_text("".join(row + "\n" for row in rows))
     return path
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny random Llama checkpoint (2 layers, d_model 16) with a word-level tokenizer and a chat template."""
-    directory = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
-    words = sorted({w for i in range(8) for w in f"Which one is number {i}? ice fire snow A B C Answer:".split()})
+def word_llama(directory: Path, numbers: int = 8, seed: int = 0, letter_scale: float = 1.0) -> Path:
+    """A tiny random Llama checkpoint (2 layers, d_model 16) with a word-level tokenizer of the ARC-format questions
+    of ``arc_file`` (numbers 0..``numbers``-1) and a chat template, saved in ``directory``; ``letter_scale`` scales
+    the output rows of the letters A, B, C (above 1: its answers are often a letter)."""
+    words = sorted({w for i in range(numbers) for w in f"Which one is number {i}? ice fire snow A B C Answer:".split()})
     vocab = ["<unk>", "<s>", "</s>", *words]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                         pad_token="</s>")
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    model = LlamaForCausalLM(config)
+    if letter_scale != 1.0:
+        with torch.no_grad():
+            for letter in "ABC":
+                model.lm_head.weight[vocab.index(letter)] *= letter_scale
+    model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Llama checkpoint (``word_llama``)."""
+    return word_llama(tmp_path_factory.mktemp("ckpt") / "tiny-llama")
 
 
 # ---------------------------------------------------------------- the errors a user causes, per script
