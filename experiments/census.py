@@ -24,6 +24,7 @@ from reach_lens import audit, census, cli, localize, logs, plots, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
+from reach_lens.report import write_report
 from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
 from reach_lens.tasks import check_formats, get_task
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
               flush=True)
     logs.say("census")(f"{int(table.meets_criterion.sum())} of {len(table)} cells meet the criterion; "
                        f"{table.n_fail.sum()} failure questions in all; {(time.time() - started) / 60:.1f} min; tables and figure in {out}, also in {args.figures}")
+    logs.say("census")(f"report: {write_report(out)}")
     return 0
 
 

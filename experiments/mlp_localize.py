@@ -39,6 +39,7 @@ from reach_lens.errors import UserError
 from reach_lens.generate import engine_for
 from reach_lens.models import model_fingerprint, prune_magnitude
 from reach_lens.protocol import Protocol
+from reach_lens.report import write_report
 from reach_lens.store import RunStore
 
 say = logs.say("mlp_localize")
@@ -209,6 +210,7 @@ def main(argv=None) -> int:
                            peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(localize.write_outputs(study, run_dir, args.figures), flush=True)
     say(f"tables, figures and summary.md in {run_dir}; figures copied to {args.figures}")
+    say(f"report: {write_report(run_dir)}")
     return 0
 
 

@@ -43,6 +43,7 @@ from reach_lens.rlvr.audit_run import (audit_checkpoint, audit_protocols, audit_
                                        check_training_ids, control_format)
 from reach_lens.rlvr.fates import hit_rate_bins
 from reach_lens.rlvr.report import report
+from reach_lens.report import write_report
 from reach_lens.runs import publish, summary_dir
 from reach_lens.tasks import subsample
 
@@ -171,6 +172,7 @@ def main(argv=None) -> int:
                                                                               title=f"reach@k, {what}")})
     print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
+    SAY(f"report: {write_report(summary)}")
     return 0
 
 

@@ -52,6 +52,7 @@ from reach_lens import audit, cli, logs, plots, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
+from reach_lens.report import write_report
 from reach_lens.routing import (METHODS, ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
                                 random_method, search_rows)
 from reach_lens.runs import publish, summary_dir
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
         print(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
               + tables["table1"].to_string(index=False, float_format="{:.1f}".format), flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")
+    SAY(f"report: {write_report(out)}")
     return 0
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 from reach_lens import audit, cli, logs, plots, probes, stats
 from reach_lens.generate import engine_for
 from reach_lens.protocol import Protocol
+from reach_lens.report import write_report
 from reach_lens.runs import publish, summary_dir
 from reach_lens.store import RunStore
 
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
         guess = f"{r.guess_oracle:.1%}" if pd.notna(r.get("guess_oracle")) else "n/a (free-form)"
         print(" | ".join(["", r.model, r.task, *cells, guess, f"{r.format_failure_rate:.1%}", ""]).strip(), flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; Table 2 in {out}, figures also in {args.figures}")
+    SAY(f"report: {write_report(out)}")
     return 0
 
 

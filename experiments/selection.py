@@ -32,6 +32,7 @@ from reach_lens import audit, cli, logs, plots, probes, stats
 from reach_lens.generate import engine_for
 from reach_lens.models import prune_magnitude
 from reach_lens.protocol import Protocol
+from reach_lens.report import write_report
 from reach_lens.routing import (ROUTE_LAWS, SPACES, LearnedRouter, RouterCell, analysis, known_candidates,
                                 random_route_candidates)
 from reach_lens.runs import publish, summary_dir
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     print("oracle - majority vote across temperatures (share of questions):\n" + sweep[["model", "task", "T", "n",
           "D", "vote", "O", "selection_gap"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, also in {args.figures}")
+    SAY(f"report: {write_report(out)}")
     return 0
 
 
