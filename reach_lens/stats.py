@@ -1,7 +1,8 @@
 """Statistics that know nothing of records or studies: binomial (Wilson) and bootstrap intervals, unbiased pass@k,
-the uniform guesser's floor, paired repair / breakage rates, and the Poisson-binomial and permutation nulls."""
+the uniform guesser's floor, paired repair / breakage rates, the paired comparison of two 0/1 outcomes on the same
+questions (exact McNemar test, Newcombe interval), and the Poisson-binomial and permutation nulls."""
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,3 +181,67 @@ def poisson_binomial_interval(p: Sequence[float] | np.ndarray, level: float = 0.
     cdf = np.cumsum(poisson_binomial_pmf(p))
     lo, hi = (int(np.searchsorted(cdf, q - 1e-12)) for q in ((1 - level) / 2, (1 + level) / 2))
     return lo, min(hi, len(cdf) - 1)
+
+
+def mcnemar_p(a_only: int, b_only: int) -> float:
+    """Exact two-sided McNemar p-value: P(a binomial(a_only + b_only, 1/2) count is at least as far from half as
+    ``a_only``), i.e. twice the smaller tail, capped at 1; 1 when there is no discordant pair."""
+    if a_only < 0 or b_only < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {a_only} and {b_only}")
+    m = a_only + b_only
+    if m == 0:
+        return 1.0
+    tail = sum(math.comb(m, i) for i in range(min(a_only, b_only) + 1))
+    return min(1.0, 2 * tail / 2 ** m)
+
+
+def paired_comparison(a: Sequence[bool] | np.ndarray, b: Sequence[bool] | np.ndarray, z: float = Z95) -> dict:
+    """A vs B on the same questions: ``mean(a) - mean(b)`` with Newcombe's (1998, method 10) square-and-add 95%
+    interval for paired proportions (Wilson intervals of the two rates, combined with the continuity-corrected
+    correlation of the pairs) and the exact McNemar test. ``a``, ``b``: boolean arrays [n], n >= 1, one entry
+    per question.
+
+    Returns diff, lo, hi, p (exact two-sided McNemar; 1 with no discordant pair), n, a_only (questions a gets
+    and b misses), b_only, both, neither. The interval and the test are separate methods and can disagree at
+    the edge (an interval that just excludes 0 with p just above 0.05, or the reverse).
+    """
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"paired outcomes must be two non-empty 1-D arrays of one length, got {a.shape} and {b.shape}")
+    n = len(a)
+    n11, n12, n21 = int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum())
+    n22 = n - n11 - n12 - n21
+    p1, p2 = (n11 + n12) / n, (n11 + n21) / n
+    l1, u1 = wilson_interval(n11 + n12, n, z)
+    l2, u2 = wilson_interval(n11 + n21, n, z)
+    margins = (n11 + n12, n21 + n22, n11 + n21, n12 + n22)
+    psi = 0.0
+    if min(margins) > 0:
+        cross = n11 * n22 - n12 * n21
+        if cross > n / 2:
+            psi = (cross - n / 2) / math.sqrt(math.prod(margins))
+        elif cross < 0:
+            psi = cross / math.sqrt(math.prod(margins))
+    diff = p1 - p2
+    lo = diff - math.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2), 0.0))
+    hi = diff + math.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1), 0.0))
+    return {"diff": diff, "lo": max(-1.0, lo), "hi": min(1.0, hi), "p": mcnemar_p(n12, n21), "n": n,
+            "a_only": n12, "b_only": n21, "both": n11, "neither": n22}
+
+
+def paired_verdict(result: Mapping, alpha: float = 0.05, names: tuple[str, str] = ("A", "B")) -> str:
+    """The words of a `paired_comparison` ``result``, from its test: e.g. ``"A − B = +8.0 pp [+0.0, +15.9],
+    p = 0.077 (12 vs 4 discordant): not significant at 0.05"``, or ``"...: A higher, significant at 0.05"``
+    when p < ``alpha`` (the side named by the discordant counts)."""
+    a, b = names
+    head = (f"{a} − {b} = {100 * result['diff']:+.1f} pp [{100 * result['lo']:+.1f}, {100 * result['hi']:+.1f}], "
+            f"p = {format_p(result['p'])} ({result['a_only']} vs {result['b_only']} discordant)")
+    if result["p"] < alpha:
+        higher = a if result["a_only"] > result["b_only"] else b
+        return f"{head}: {higher} higher, significant at {alpha:g}"
+    return f"{head}: not significant at {alpha:g}"
+
+
+def format_p(p: float) -> str:
+    """A p-value as printed beside an interval: three decimals, ``< 0.001`` below that."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"

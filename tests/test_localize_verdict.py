@@ -15,28 +15,6 @@ def outcomes(bits: str, prefix: str = "q") -> pd.Series:
     return pd.Series([b == "1" for b in bits], index=[f"{prefix}{i}" for i in range(len(bits))])
 
 
-def test_paired_interval_matches_the_published_newcombe_square_and_add_value():
-    # Cavo et al. (2012) paired 2x2 table [[59, 6], [16, 80]]: Newcombe's square-and-add interval for
-    # p1+ - p+1 is -0.0621 (-0.1186 to -0.0046) (R package contingencytables, chapter 8 tests)
-    a = np.array([1] * 59 + [1] * 6 + [0] * 16 + [0] * 80, dtype=bool)
-    b = np.array([1] * 59 + [0] * 6 + [1] * 16 + [0] * 80, dtype=bool)
-    m = localize.paired_difference(a, b)
-    assert m["diff"] == pytest.approx(-0.0621, abs=5e-5)
-    assert m["lo"] == pytest.approx(-0.1186, abs=5e-5) and m["hi"] == pytest.approx(-0.0046, abs=5e-5)
-    assert (m["n"], m["a_only"], m["b_only"]) == (161, 6, 16)
-
-
-def test_paired_interval_edges():
-    same = localize.paired_difference(np.ones(10, bool), np.ones(10, bool))
-    assert same["diff"] == 0 and same["lo"] < 0 < same["hi"]  # identical outcomes: a tie, never a margin
-    all_vs_none = localize.paired_difference(np.ones(12, bool), np.zeros(12, bool))
-    assert all_vs_none["diff"] == 1 and 0.5 < all_vs_none["lo"] < 1 and all_vs_none["hi"] == 1
-    one_more = localize.paired_difference(np.array([1, 0, 0, 0, 0, 0, 0, 0], bool), np.zeros(8, bool))
-    assert one_more["diff"] == pytest.approx(1 / 8) and one_more["lo"] < 0  # one question is no margin at n = 8
-    with pytest.raises(ValueError, match="one length"):
-        localize.paired_difference(np.ones(3, bool), np.ones(4, bool))
-
-
 def test_runner_ups_exclude_the_block_and_its_whole_layer_and_name_the_best_other_mlp():
     sweep = sweep_of([("mlp", 5, 0.9, 0.0), ("layer", 5, 1.0, 0.0), ("attn", 5, 0.2, 0.0), ("attn", 7, 0.8, 0.1),
                       ("attn", 2, 0.6, 0.0), ("mlp", 3, 0.5, 0.4), ("mlp", 8, 0.3, 0.0), ("attn", 9, 0.6, 0.0)])
@@ -62,6 +40,8 @@ def test_margins_are_paired_over_the_same_failures():
     assert by.loc["attention 7", "diff"] == pytest.approx(0.75) and by.loc["attention 7", "lo"] > 0
     assert by.loc["MLP 8", "diff"] == 0 and by.loc["MLP 8", "lo"] < 0 < by.loc["MLP 8", "hi"]
     assert (by.loc["MLP 3", "a_only"], by.loc["MLP 3", "b_only"]) == (0, 4) and by.loc["MLP 3", "hi"] < 0.05
+    assert by.loc["attention 7", "p"] == pytest.approx(2 / 2 ** 12) and by.loc["MLP 8", "p"] == 1  # exact McNemar
+    assert by.loc["MLP 3", "p"] == pytest.approx(0.125)  # 0 vs 4 discordant: the interval excludes 0, the test does not
     shuffled = outcomes("1111111111110000").iloc[::-1]  # the same outcomes in another order pair by question id
     assert localize.margins(identified, {"x": shuffled}).iloc[0]["diff"] == 0
     with pytest.raises(ValueError, match="paired"):
@@ -80,7 +60,7 @@ def test_verdict_claims_a_locus_only_above_every_runner_up():
     tie = localize.margins(identified, {"attention 7": outcomes("0" * 20), "MLP 8": outcomes("1" * 19 + "0")})
     v = localize.verdict("MLP 5", RATES, tie)
     assert not v["locus"] and v["ties"] == ["MLP 8"]
-    assert v["text"].startswith("No locus claimed for MLP 5: MLP 8 ties with it")
+    assert v["text"].startswith("No locus claimed for MLP 5: MLP 8 (p = 1.000) ties with it")  # 1 vs 0 discordant
 
     beaten = localize.margins(outcomes("0" * 20), {"attention 7": outcomes("1" * 20)})
     v = localize.verdict("MLP 5", RATES, beaten)

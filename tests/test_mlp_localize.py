@@ -67,7 +67,7 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
     assert set(out["units"]["rank"]) == {"contribution"}
     summary = (run_dir / "summary.md").read_text()
     for text in ("Which split chose what", "rule 'already-correct'", "Runner-ups chosen on calibration",
-                 "paired, Newcombe 95%", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time",
+                 "paired: Newcombe 95%, exact McNemar p", "Verdict:", "rescue alpha =", "induction alpha =", "Wall time",
                  "v is measured at the last prompt token only", "every position, each prompt token and each generated",
                  "Unparseable greedy answers (no letter read) among the failures", "rule 'contribution'"):
         assert text in summary

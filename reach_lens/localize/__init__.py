@@ -24,14 +24,14 @@ from reach_lens.localize.steps import (COMPONENT_SITES, SWEPT, baseline_check, c
                                        evaluate_choice, parse_layers, selection_sweep, silence_component, silence_name,
                                        steering)
 from reach_lens.localize.units import UNIT_RANKS, top_units, unit_arms, unit_scores
-from reach_lens.localize.verdict import (LAYER_RULES, identify_layer, margins, paired_difference, runner_ups,
+from reach_lens.localize.verdict import (LAYER_RULES, identify_layer, margins, runner_ups,
                                          verdict)
 
 __all__ = ["COMPONENT_SITES", "Conditions", "HEALTHY_RULES", "LAYER_RULES", "PLANTS", "PanelTooSmall",
            "RECOGNITION_RULES", "SWEPT", "Study", "UNIT_RANKS", "UnitPlant", "answer_push", "baseline_check",
            "build_panels", "calibration_prompts", "check_layers", "check_panels", "control_pool", "evaluate_choice",
            "format_failures", "identify_layer", "last_prompt_activations", "last_prompt_logits", "margins",
-           "mlp_direction", "paired_difference", "panel_masks", "panel_rates", "panel_sizes", "parse_layers",
+           "mlp_direction", "panel_masks", "panel_rates", "panel_sizes", "parse_layers",
            "perturbed_last_activations", "plant_answer_failure", "plant_control", "plant_unit_failure", "runner_ups",
            "screen", "selection_sweep", "silence_component", "silence_name", "split_value", "steering", "summary",
            "top_units", "trigger_units", "unit_arms", "unit_scores", "verdict", "write_outputs"]

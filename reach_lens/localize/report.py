@@ -12,6 +12,7 @@ from reach_lens import plots
 from reach_lens.localize.panels import HEALTHY_RULE_TEXT, format_failures, panel_sizes
 from reach_lens.localize.units import UNIT_RANK_TEXT
 from reach_lens.localize.verdict import RULE_TEXT, identify_layer
+from reach_lens.stats import format_p
 
 
 @dataclass
@@ -50,7 +51,7 @@ def rate_text(row, name: str) -> str:
 
 
 def margin_text(m) -> str:
-    return (f"{m['diff'] * 100:+.1f} pp [{m['lo'] * 100:+.1f}, {m['hi'] * 100:+.1f}] "
+    return (f"{m['diff'] * 100:+.1f} pp [{m['lo'] * 100:+.1f}, {m['hi'] * 100:+.1f}], p = {format_p(m['p'])} "
             f"({int(m['a_only'])} vs {int(m['b_only'])} repaired by one only)")
 
 
@@ -90,7 +91,7 @@ def _evaluation(s: Study) -> list[str]:
              + (" (the panels reproduce)." if b["repair_k"] == 0 and b["breakage_k"] == 0 else
                 " (NOT 0: the panels do not reproduce; read every rate below against this)."), "",
              f"| silenced | role | repair of failures | breakage of healthy | margin: MLP {s.layer} repair minus "
-             "this one's (paired, Newcombe 95%) |", "|---|---|---|---|---|"]
+             "this one's (paired: Newcombe 95%, exact McNemar p) |", "|---|---|---|---|---|"]
     by_name = s.margins.set_index("name")
     for r in s.evaluation.itertuples():
         margin = margin_text(by_name.loc[r.name]) if r.name in by_name.index else "—"
@@ -98,7 +99,8 @@ def _evaluation(s: Study) -> list[str]:
                      f"{rate_text(r._asdict(), 'breakage')} | {margin} |")
     lines += ["", "Verdict: " + s.verdict["text"]]
     if not s.planted and not s.verdict["locus"]:
-        lines[-1] += " Reported as found; the source study's 67.6-92.0% MLP repair is not reproduced here."
+        lines[-1] += (f" Found: MLP {s.layer} fails that test, so this run does not reproduce the source study's "
+                      "MLP locus (67.6-92.0% repair).")
     return lines
 
 

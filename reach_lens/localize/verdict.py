@@ -2,20 +2,17 @@
 
 The layer and the runner-ups are chosen on the calibration sweep; margins and the verdict use the evaluation
 questions only. A **margin** is the paired difference of repair rates between the identified block and a
-runner-up over the same evaluation failures, with Newcombe's (1998) square-and-add interval for paired
-proportions (his method 10: Wilson score intervals of the two marginal rates, combined with the
-continuity-corrected correlation of the pairs). A locus is claimed only when every evaluated runner-up's
+runner-up over the same evaluation failures (`stats.paired_comparison`): Newcombe's (1998) square-and-add
+interval for paired proportions and the exact McNemar p-value. A locus is claimed only when every evaluated runner-up's
 margin interval lies above zero and the block's repair lies above its own breakage.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from reach_lens.stats import Z95, wilson_interval
+from reach_lens.stats import format_p, paired_comparison
 
 LAYER_RULES = ("net", "repair")
 RULE_TEXT = {"net": "largest repair minus healthy breakage", "repair": "largest repair (the paper's rule)"}
@@ -74,48 +71,20 @@ def runner_ups(sweep: pd.DataFrame, layer: int, rule: str = "net", top: int = 3)
     return chosen.assign(label=labels).reset_index(drop=True)
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, z: float = Z95) -> dict:
-    """Difference of two rates over the same items, ``mean(a) - mean(b)``, with Newcombe's square-and-add 95%
-    interval for paired proportions (module docstring). ``a``, ``b``: boolean arrays of one length n >= 1.
-
-    Returns diff, lo, hi, n, a_only (items a gets and b misses), b_only.
-    """
-    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
-    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
-        raise ValueError(f"paired outcomes must be two non-empty 1-D arrays of one length, got {a.shape} and {b.shape}")
-    n = len(a)
-    n11, n12, n21 = int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum())
-    n22 = n - n11 - n12 - n21
-    p1, p2 = (n11 + n12) / n, (n11 + n21) / n
-    l1, u1 = wilson_interval(n11 + n12, n, z)
-    l2, u2 = wilson_interval(n11 + n21, n, z)
-    margins = (n11 + n12, n21 + n22, n11 + n21, n12 + n22)
-    psi = 0.0
-    if min(margins) > 0:
-        cross = n11 * n22 - n12 * n21
-        if cross > n / 2:
-            psi = (cross - n / 2) / math.sqrt(math.prod(margins))
-        elif cross < 0:
-            psi = cross / math.sqrt(math.prod(margins))
-    diff = p1 - p2
-    lo = diff - math.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2), 0.0))
-    hi = diff + math.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1), 0.0))
-    return {"diff": diff, "lo": max(-1.0, lo), "hi": min(1.0, hi), "n": n, "a_only": n12, "b_only": n21}
-
-
 def margins(identified: pd.Series, others: dict[str, pd.Series]) -> pd.DataFrame:
     """Paired repair margins of the identified block over each runner-up: ``others`` maps a runner-up's name to
     its per-question outcomes on the same failures (bool Series indexed by question_id, as ``identified``).
 
-    Columns: name, diff, lo, hi, n, a_only (repaired only by the identified block), b_only.
+    Columns: name, diff, lo, hi (Newcombe 95%), p (exact McNemar), n, a_only (repaired only by the identified
+    block), b_only.
     """
     rows = []
     for name, outcome in others.items():
         if set(outcome.index) != set(identified.index):
             raise ValueError(f"{name}: outcomes over other questions than the identified block's; margins are paired")
-        paired = paired_difference(identified.to_numpy(), outcome.loc[identified.index].to_numpy())
+        paired = paired_comparison(identified.to_numpy(), outcome.loc[identified.index].to_numpy())
         rows.append({"name": name, **paired})
-    return pd.DataFrame(rows, columns=["name", "diff", "lo", "hi", "n", "a_only", "b_only"])
+    return pd.DataFrame(rows, columns=["name", "diff", "lo", "hi", "p", "n", "a_only", "b_only"])
 
 
 def verdict(identified: str, rates: dict, margin_table: pd.DataFrame) -> dict:
@@ -127,6 +96,7 @@ def verdict(identified: str, rates: dict, margin_table: pd.DataFrame) -> dict:
     """
     ties = [r.name for r in margin_table.itertuples() if r.lo <= 0 <= r.hi]
     beaten = [r.name for r in margin_table.itertuples() if r.hi < 0]
+    p_of = {r.name: f"{r.name} (p = {format_p(r.p)})" for r in margin_table.itertuples()}
     selective = bool(rates["repair_lo"] > rates["breakage_hi"])
     locus = bool(len(margin_table)) and not ties and not beaten and selective
     if locus:
@@ -135,10 +105,10 @@ def verdict(identified: str, rates: dict, margin_table: pd.DataFrame) -> dict:
     else:
         reasons = []
         if ties:
-            reasons.append(f"{', '.join(ties)} tie{'s' if len(ties) == 1 else ''} with it (paired 95% interval of the "
+            reasons.append(f"{', '.join(p_of[t] for t in ties)} tie{'s' if len(ties) == 1 else ''} with it (paired 95% interval of the "
                            "repair difference contains 0)")
         if beaten:
-            reasons.append(f"{', '.join(beaten)} repair{'s' if len(beaten) == 1 else ''} more (interval below 0)")
+            reasons.append(f"{', '.join(p_of[t] for t in beaten)} repair{'s' if len(beaten) == 1 else ''} more (interval below 0)")
         if not selective:
             reasons.append("its repair interval does not lie above its breakage interval")
         text = f"No locus claimed for {identified}: " + "; ".join(reasons or ["no runner-up was evaluated"]) + "."
