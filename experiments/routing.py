@@ -21,8 +21,10 @@ The answer-blind numbers are the majority vote over the first k random routes an
 "Random" is `--random-routes`, one random search per law, each compared with the same structured searches:
 geometric (method "random": walks of a geometric number of edits, mean 2, from the full path: close to it) and
 uniform (method "random_uniform": uniform over all routes of the action space, length <= 2L); default both.
-A cell counts as "random better" or "structured better" only when the paired 95% interval of
-O_random(K) - O_structured(K) excludes 0 (paired bootstrap); shares of questions carry Wilson intervals.
+O_random(K) - O_structured(K) on the same questions is one paired comparison (`stats.paired_comparison`):
+Newcombe's 95% interval, the exact McNemar p and the discordant counts (questions only random reaches, only the
+structured search reaches). A cell counts as "random better" or "structured better" only when p < 0.05, else a
+tie; shares of questions carry Wilson intervals.
 
 Outputs (a summary-<hash>/ directory of --out, named by the protocols it reads, and --figures), one set per law
 (<law> in file names):
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     out = summary_dir(args.out, protocols)
     for law in args.random_routes:
         tables = analysis.analyse(cells, args.spaces, args.methods, args.K, args.vote_k, args.mcts_k,
-                                  args.collapse_threshold, args.seed, random_method=random_method(law))
+                                  args.collapse_threshold, random_method=random_method(law))
         floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
         curves = tables["oracle_curves"]
         curves["guess"] = [stats.guessing_floor(floors[t], k) for t, k in zip(curves.task, curves.k)]
@@ -156,6 +158,9 @@ def main(argv=None) -> int:
         print(f"{law} random routes minus structured oracle at K={args.K}, clean cells (random routes without an "
               f"answer: {broken.min():.0%}-{broken.max():.0%} per cell):\n"
               + tables["direction_counts"].to_string(index=False), flush=True)
+        if len(tables["random_minus_structured"]):
+            print(f"Per cell ({law} random routes; Newcombe 95% interval, exact McNemar p):\n"
+                  + analysis.comparison_lines(tables["random_minus_structured"]).to_string(index=False), flush=True)
         print(f"Table 1 ({law} random routes; pp over the unmodified model):\n"
               + tables["table1"].to_string(index=False, float_format="{:.1f}".format), flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min wall time; tables and figures in {out}, figures also in {args.figures}")

@@ -74,7 +74,7 @@ def test_every_fate_and_the_fates_table():
 def test_delta_n_reachable_and_table5():
     base = table([("a", 0, 1), ("b", 0, 2), ("c", 1, 1), ("d", 0, 0), ("e", 0, 3)])
     trained = table([("a", 1, 4), ("b", 1, 0), ("c", 1, 0), ("d", 0, 0), ("e", 0, 0)])
-    t5 = tables.checkpoint_changes({"rl": (base, trained)}, m=4, n_boot=500).iloc[0]
+    t5 = tables.checkpoint_changes({"rl": (base, trained)}, m=4).iloc[0]
     assert (t5.n, t5.K) == (5, 4)
     assert (t5.n_reachable_base, t5.n_reachable_trained, t5.delta_n_reachable) == (4, 1, -3)
     assert t5.D_base == pytest.approx(0.2) and t5.D_trained == pytest.approx(0.6)
@@ -82,6 +82,9 @@ def test_delta_n_reachable_and_table5():
     assert t5.O_change == pytest.approx(-0.6) and t5.D_change == pytest.approx(0.4)
     assert (t5.O_base_lo, t5.O_base_hi) == pytest.approx(wilson_interval(4, 5))
     assert t5.O_change_lo <= t5.O_change <= t5.O_change_hi
+    # reach: both reach a, base alone b, c, e: 0 vs 3 discordant, exact McNemar p = 2 / 2**3
+    assert (t5.O_change_gained, t5.O_change_lost, t5.O_change_p) == (0, 3, pytest.approx(0.25))
+    assert (t5.D_change_gained, t5.D_change_lost, t5.D_change_p) == (2, 0, pytest.approx(0.5))
     assert (t5.delta_n_reachable_lo, t5.delta_n_reachable_hi) == pytest.approx((5 * t5.O_change_lo, 5 * t5.O_change_hi))
     assert t5.floor == pytest.approx(1 - 0.75 ** 4)
 
@@ -299,7 +302,7 @@ def test_records_at_and_budget_table():
     assert at4["d"].tolist() == [False, False, True]
     with pytest.raises(ValueError, match="out of range"):
         records_at(base, 9)
-    t6 = tables.checkpoint_changes_by_budget({"rl": (base, trained)}, K=4, m=4, n_boot=200).set_index("K")
+    t6 = tables.checkpoint_changes_by_budget({"rl": (base, trained)}, K=4, m=4).set_index("K")
     assert list(t6.index) == [4, 8] and (t6["samples"] == 8).all()
     assert t6.loc[4, "O_base"] == pytest.approx(1 / 3) and t6.loc[8, "O_base"] == pytest.approx(2 / 3)
     assert t6.loc[4, "delta_n_reachable"] == 1 and t6.loc[8, "delta_n_reachable"] == 0
@@ -432,7 +435,7 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
 
     base, trained = pair()
     pairs = {"rl": (base, trained), "sft": (base, base)}
-    t5 = tables.checkpoint_changes(pairs, m=4, n_boot=100).assign(T=0.8)
+    t5 = tables.checkpoint_changes(pairs, m=4).assign(T=0.8)
     fates = tables.fates_table(pairs).assign(T=0.8)
     prop = tables.propensity(pairs).assign(T=0.8)
     t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=4).assign(T=0.8)
@@ -462,7 +465,7 @@ def test_rlvr_figures_draw_from_the_tables(tmp_path, monkeypatch):
     free_t7 = tables.deployed_vote_oracle({"base": base, "rl": trained}, K=2, m=None).assign(T=0.8)
     plots.plot_rlvr_lineage(free_t7, tmp_path / "lin_free.png")
     assert not [ln for ln in drawn["lin_free"].axes[0].get_lines() if plots.GUESSER in str(ln.get_label())]
-    plots.plot_rlvr_changes(tables.checkpoint_changes(pairs, m=None, n_boot=100).assign(T=0.8),
+    plots.plot_rlvr_changes(tables.checkpoint_changes(pairs, m=None).assign(T=0.8),
                             tmp_path / "changes_free.png")
     assert all("free-form" in t.get_text() for t in drawn["changes_free"].axes[0].get_xticklabels())
     points = {c.get_label(): c.lines[0] for c in drawn["prop"].axes[0].containers}  # one panel: K = 4

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_model
 
+from reach_lens import stats
 from reach_lens.stats import wilson_interval
 from reach_lens.probes import deploy
 from reach_lens.records import make_record
@@ -219,7 +220,10 @@ def test_routing_analysis_oracle_vote_and_differences():
     diff = tables["random_minus_structured"].iloc[0]
     assert diff["diff"] == 0.5 and not diff["collapsed"]
     counts = tables["direction_counts"].iloc[0]
-    assert diff["diff_lo"] == 0.0  # two questions, per-question differences 1 and 0: the interval touches 0
+    # two questions, random alone reaches one: 1 vs 0 discordant, exact McNemar p = 1, Newcombe interval around 0
+    assert (diff.random_only, diff.structured_only, diff.both, diff.neither, diff.p) == (1, 0, 1, 0, 1.0)
+    assert diff["diff_lo"] < 0 < diff["diff_hi"]
+    assert analysis.direction_text(diff) == "tie: not significant at 0.05 (p = 1.000)"
     assert (counts.random_better, counts.tie, counts.structured_better) == (0, 1, 0)
     t1 = tables["table1"].set_index("task")
     row = t1.loc["arc_easy"]
@@ -229,7 +233,7 @@ def test_routing_analysis_oracle_vote_and_differences():
     curves = tables["oracle_curves"]
     random_curve = curves[curves.series == "random"]
     assert random_curve.value.tolist() == [0.5, 0.5, 1.0, 1.0] and (random_curve.lo <= random_curve.value).all()
-    # proportions carry Wilson intervals (1 of 2 questions: [0.095, 0.905]; 2 of 2: [0.342, 1]), differences bootstrap
+    # proportions carry Wilson intervals (1 of 2 questions: [0.095, 0.905]; 2 of 2: [0.342, 1]), differences Newcombe's
     assert random_curve.lo.round(3).tolist() == [0.095, 0.095, 0.342, 0.342] and random_curve.hi.tolist()[2:] == [1, 1]
     assert (diff.random_oracle_lo, diff.random_oracle_hi) == wilson_interval(2, 2)
     assert (diff.structured_oracle_lo, diff.structured_oracle_hi) == wilson_interval(1, 2)
@@ -248,12 +252,17 @@ def test_routing_analysis_oracle_vote_and_differences():
     assert (c.clean_cells, c.collapsed_cells, c.random_better) == (0, 1, 0)
 
 
-def test_a_direction_needs_a_paired_interval_that_excludes_zero():
-    rows = [(0.30, 0.10, 0.50), (0.30, -0.05, 0.60), (-0.20, -0.35, -0.02), (0.0, 0.0, 0.0), (0.10, 0.0, 0.2)]
-    diffs = pd.DataFrame([{"space": "skip", "method": "mcts", "diff": d, "diff_lo": lo, "diff_hi": hi,
-                           "collapsed": False} for d, lo, hi in rows])
+def test_a_direction_needs_the_exact_paired_test_below_005():
+    # (random_only, structured_only): 13 vs 3 (p = 0.021), 12 vs 4 (p = 0.077), 0 vs 6 (p = 0.031), 0 vs 0, 5 vs 0
+    # (p = 0.0625); the 12 vs 4 cell's Newcombe interval [+0.04, +15.9] pp excludes 0, its test does not reject
+    rows = [(13, 3), (12, 4), (0, 6), (0, 0), (5, 0)]
+    diffs = pd.DataFrame([{"space": "skip", "method": "mcts", "diff": (a - b) / 100, "diff_lo": -1, "diff_hi": 1,
+                           "p": stats.mcnemar_p(a, b), "random_only": a, "structured_only": b, "collapsed": False}
+                          for a, b in rows])
     assert [analysis.direction(r) for _, r in diffs.iterrows()] == [
         "random_better", "tie", "structured_better", "tie", "tie"]
+    assert [analysis.direction_text(r) for _, r in diffs.iterrows()][:3] == [
+        "random reaches more (p = 0.021)", "tie: not significant at 0.05 (p = 0.077)", "mcts reaches more (p = 0.031)"]
     c = analysis.direction_counts(diffs).iloc[0]
     assert (c.random_better, c.tie, c.structured_better, c.clean_cells) == (1, 3, 1, 5)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from reach_lens.audit import require_columns, single_K
-from reach_lens.stats import bootstrap_ci, independence_baseline, poisson_binomial_interval, wilson_interval
+from reach_lens.stats import independence_baseline, paired_comparison, poisson_binomial_interval, wilson_interval
 
 REALIZATION_FATES = ("newly_realized_from_reachable", "newly_realized_from_unreachable", "lost",
                      "stable_realized", "stable_unrealized")
@@ -77,13 +77,15 @@ def fate_counts(fates_df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def paired_change(base: pd.DataFrame, trained: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Base -> trained on the joined questions: D and O_K of each (Wilson 95%), their changes with paired
-    bootstrap 95% intervals (questions resampled together on both sides), and the reachable counts.
+def paired_change(base: pd.DataFrame, trained: pd.DataFrame) -> dict:
+    """Base -> trained on the joined questions: D and O_K of each (Wilson 95%), their changes as one paired
+    comparison each (`stats.paired_comparison` of trained vs base: Newcombe 95% interval, exact McNemar p, the
+    discordant counts), and the reachable counts.
 
-    Keys: n, K, D_base, D_trained, O_base, O_trained (each with _lo, _hi), D_change, O_change (each with
-    _lo, _hi), n_reachable_base, n_reachable_trained, delta_n_reachable (= trained - base reachable count;
-    its interval is n * O_change's), n_realized_base, n_realized_trained.
+    Keys: n, K, D_base, D_trained, O_base, O_trained (each with _lo, _hi), D_change, O_change (each with _lo, _hi,
+    _p, and _gained / _lost: questions only the trained / only the base side gets), n_reachable_base,
+    n_reachable_trained, delta_n_reachable (= trained - base reachable count = n x O_change, so its interval is
+    n x O_change's and its p O_change's), n_realized_base, n_realized_trained.
     """
     j = fates(base, trained)
     n, K = len(j), int(j["K_base"].iloc[0])
@@ -93,9 +95,10 @@ def paired_change(base: pd.DataFrame, trained: pd.DataFrame, n_boot: int = 2000,
             x = j[f"{m}_{side}"].astype(bool).to_numpy()
             lo, hi = wilson_interval(int(x.sum()), n)
             out[f"{m.upper()}_{side}"], out[f"{m.upper()}_{side}_lo"], out[f"{m.upper()}_{side}_hi"] = x.mean(), lo, hi
-        diff = j[f"{m}_trained"].astype(float).to_numpy() - j[f"{m}_base"].astype(float).to_numpy()
-        lo, hi = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
-        out[f"{m.upper()}_change"], out[f"{m.upper()}_change_lo"], out[f"{m.upper()}_change_hi"] = diff.mean(), lo, hi
+        test = paired_comparison(j[f"{m}_trained"].astype(bool).to_numpy(), j[f"{m}_base"].astype(bool).to_numpy())
+        M = m.upper()
+        out[f"{M}_change"], out[f"{M}_change_lo"], out[f"{M}_change_hi"] = test["diff"], test["lo"], test["hi"]
+        out[f"{M}_change_p"], out[f"{M}_change_gained"], out[f"{M}_change_lost"] = test["p"], test["a_only"], test["b_only"]
     out["n_reachable_base"], out["n_reachable_trained"] = int(j["o_base"].sum()), int(j["o_trained"].sum())
     out["delta_n_reachable"] = out["n_reachable_trained"] - out["n_reachable_base"]
     out["delta_n_reachable_lo"], out["delta_n_reachable_hi"] = n * out["O_change_lo"], n * out["O_change_hi"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reach_lens.stats import format_p
+
 
 def markdown(df: pd.DataFrame) -> str:
     """A DataFrame as a markdown table (floats to 3 decimals)."""
@@ -30,8 +32,15 @@ def _floor(value: float) -> str:
     return "none (free-form)" if pd.isna(value) else f"{value:.1%}"
 
 
-def _pp(row, m: str) -> str:
-    return f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
+def _pp(row: pd.Series, m: str) -> str:
+    """A difference in pp with its interval, and its exact paired p (and, for a change, the questions only the
+    trained / only the base side gets) beside it when the row has them."""
+    text = f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
+    if pd.notna(row.get(f"{m}_p")):
+        text += f", p = {format_p(row[f'{m}_p'])}"
+    if pd.notna(row.get(f"{m}_gained")):
+        text += f" ({int(row[f'{m}_gained'])} vs {int(row[f'{m}_lost'])})"
+    return text
 
 
 def _crossing(r) -> str:
@@ -80,9 +89,9 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
     Tables 5-8, Figures 6a and 7); ``reference`` (the paper's figures to read them against) follows Table 5;
     ``crossings`` (`tables.crossovers`) adds each lineage's reach@k crossover to the per-lineage lines after
     Figure 6a."""
-    lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes by "
-             "paired bootstrap)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | "
-             "Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes trained − base "
+             "by Newcombe's paired 95% interval, the exact McNemar p and the questions only trained vs only base "
+             "gets)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
     for _, r in t5.iterrows():
         lines.append(f"| {r.pair} | {_pct(r, 'D_base')} | {_pct(r, 'O_base')} | {_pct(r, 'D_trained')} | "
                      f"{_pct(r, 'O_trained')} | {_floor(r.floor)} | {_pp(r, 'D_change')} | {_pp(r, 'O_change')} | "

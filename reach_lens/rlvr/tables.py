@@ -45,17 +45,18 @@ def _wilson(prefix: str, x: np.ndarray) -> dict:
             f"{prefix}_n": len(x)}
 
 
-def checkpoint_changes(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], m: int | Sequence[int] | None,
-                       n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def checkpoint_changes(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
+                       m: int | Sequence[int] | None) -> pd.DataFrame:
     """Base -> trained changes of D and O_K (the paper's Table 5), one row per (base, trained) pair of records at
     one K.
 
     Columns: pair, n, K, floor, D_base, O_base, D_trained, O_trained (Wilson 95%, _lo/_hi), D_change, O_change
-    (paired bootstrap 95%), n_reachable_base/_trained, delta_n_reachable (with _lo/_hi = n x O_change's).
+    (trained - base: Newcombe paired 95% _lo/_hi, exact McNemar _p, _gained/_lost discordant counts),
+    n_reachable_base/_trained, delta_n_reachable (with _lo/_hi = n x O_change's).
     """
     rows = []
     for label, (base, trained) in pairs.items():
-        c = paired_change(base, trained, n_boot=n_boot, seed=seed)
+        c = paired_change(base, trained)
         rows.append({"pair": label, "floor": guessing_floor(m, c["K"]), **c})
     return pd.DataFrame(rows)
 
@@ -141,12 +142,13 @@ def _reach_at(records: pd.DataFrame, k: int) -> float:
 
 
 def checkpoint_changes_by_budget(pairs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], K: int,
-                                 m: int | Sequence[int] | None, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+                                 m: int | Sequence[int] | None) -> pd.DataFrame:
     """Base -> trained changes at two budgets, K and 2K, from records of 2K samples (the paper's Table 6, its budget
     control): one row per pair and budget.
 
     At each budget: O of base and trained on that many samples (the first K, or all 2K; Wilson 95%), their
-    gaps O - D, the paper's gap O_base - O_trained (``O_drop``, paired bootstrap 95%), delta n_reachable with its paired bootstrap interval, and at K also the unbiased reach@K of
+    gaps O - D, the paper's gap O_base - O_trained (``O_drop``: Newcombe paired 95%, exact McNemar ``O_drop_p``), delta n_reachable
+    with n x O_change's interval, and at K also the unbiased reach@K of
     each side estimated from all 2K samples (``reach_base_unbiased``, ``reach_trained_unbiased``).
     """
     rows = []
@@ -154,12 +156,13 @@ def checkpoint_changes_by_budget(pairs: Mapping[str, tuple[pd.DataFrame, pd.Data
         total = int(base["K"].iloc[0])
         for k in sorted({K, total}):
             b, t = (records_at(base, k), records_at(trained, k)) if k != total else (base, trained)
-            c = paired_change(b, t, n_boot=n_boot, seed=seed)
+            c = paired_change(b, t)
             rows.append({"pair": label, "n": c["n"], "K": k, "samples": total, "floor": guessing_floor(m, k),
                          **{f"{x}_{s}{e}": c[f"{x}_{s}{e}"] for x in ("D", "O") for s in ("base", "trained")
                             for e in ("", "_lo", "_hi")},
                          "gap_base": c["O_base"] - c["D_base"], "gap_trained": c["O_trained"] - c["D_trained"],
                          "O_drop": -c["O_change"], "O_drop_lo": -c["O_change_hi"], "O_drop_hi": -c["O_change_lo"],
+                         "O_drop_p": c["O_change_p"],
                          "delta_n_reachable": c["delta_n_reachable"], "delta_n_reachable_lo": c["delta_n_reachable_lo"],
                          "delta_n_reachable_hi": c["delta_n_reachable_hi"],
                          "reach_base_unbiased": _reach_at(base, k), "reach_trained_unbiased": _reach_at(trained, k)})
@@ -301,11 +304,11 @@ def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.D
     pairs_2k = {label: (records[base], records[label]) for label in trained}
     curves = reach_curves(records, seed=seed)
     curves["guess"] = guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
-    out = {"table5": checkpoint_changes(pairs_k, m, seed=seed),
+    out = {"table5": checkpoint_changes(pairs_k, m),
            "fates": fates_table(pairs_k, seed=seed, base_samples=records[base]),
            "propensity": pd.concat([propensity(pairs_k, bins, seed=seed), propensity(pairs_2k, bins, seed=seed)],
                                    ignore_index=True),
-           "table6_budget": checkpoint_changes_by_budget(pairs_2k, K, m, seed=seed),
+           "table6_budget": checkpoint_changes_by_budget(pairs_2k, K, m),
            "table7_lineage": deployed_vote_oracle(records, K, m),
            "reach_curves": curves, "crossover": crossovers(records, base, seed=seed),
            "questions": per_question(records, base, K)}

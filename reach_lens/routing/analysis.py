@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.stats import bootstrap_ci, wilson_band, wilson_interval
+from reach_lens.stats import format_p, paired_comparison, wilson_band, wilson_interval
 from reach_lens.select import majority_vote, recovery, recovery_table
 
 GAINS_SPACE = "skip_repeat"
@@ -45,7 +45,7 @@ def is_random(method: str) -> bool:
     return method == RANDOM or method.startswith(RANDOM + "_")
 
 ROUTER = "learned_router"
-TIE = 1e-12
+ALPHA = 0.05  # the level of every paired test's verdict
 
 
 # ---------------------------------------------------------------- routing
@@ -117,15 +117,16 @@ def gains_space(spaces: Sequence[str]) -> str:
 
 
 def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], methods: Sequence[str], K: int,
-            vote_k: int = 16, mcts_k: int = 50, collapse_threshold: float = 0.5, seed: int = 0,
+            vote_k: int = 16, mcts_k: int = 50, collapse_threshold: float = 0.5,
             random_method: str = RANDOM) -> dict[str, pd.DataFrame]:
     """The routing study's tables from its cells (``cells[(model, task)] = per_question(...)``, with ``router``
     [n] added for Table 1), ``random_method``'s routes against the structured ``methods``: ``oracle_curves``,
     ``random_minus_structured``, ``direction_counts``, ``table1`` (`gains_over_unmodified`).
 
     Every share of questions (o(k), vote@k, D, O_K) carries its Wilson 95% interval (``lo``/``hi``, ``D_lo``/``D_hi``,
-    ``random_oracle_lo``/...); only differences between two searches on the same questions use the paired
-    percentile bootstrap (``diff_lo``/``diff_hi``)."""
+    ``random_oracle_lo``/...). O_random(K) - O_structured(K) on the same questions is `stats.paired_comparison`:
+    Newcombe's paired 95% interval (``diff_lo``/``diff_hi``), the exact McNemar ``p`` and the discordant counts
+    (``random_only``, ``structured_only``; ``both``, ``neither``)."""
     if not is_random(random_method):
         raise ValueError(f"random_method {random_method!r} is not a random search (expected 'random' or 'random_<law>')")
     structured = [m for m in methods if not is_random(m)]
@@ -147,7 +148,7 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             random_k = pq["oracle"][(space, random_method)][:, -1]
             for method in structured:
                 other_k = pq["oracle"][(space, method)][:, -1]
-                lo, hi = bootstrap_ci(random_k - other_k, seed=seed)
+                test = paired_comparison(random_k.astype(bool), other_k.astype(bool))
                 r_lo, r_hi = wilson_interval(int(random_k.sum()), n)
                 s_lo, s_hi = wilson_interval(int(other_k.sum()), n)
                 diffs.append({"model": model, "task": task, "space": space, "method": method, "n": n, "K": K,
@@ -155,27 +156,49 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
                               "random_oracle": random_k.mean(), "random_oracle_lo": r_lo, "random_oracle_hi": r_hi,
                               "structured_oracle": other_k.mean(), "structured_oracle_lo": s_lo,
                               "structured_oracle_hi": s_hi,
-                              "diff": (random_k - other_k).mean(), "diff_lo": lo, "diff_hi": hi, **flags})
+                              "diff": test["diff"], "diff_lo": test["lo"], "diff_hi": test["hi"], "p": test["p"],
+                              "random_only": test["a_only"], "structured_only": test["b_only"], "both": test["both"],
+                              "neither": test["neither"], **flags})
     diffs_df = pd.DataFrame(diffs)
     return {"oracle_curves": pd.concat(curves, ignore_index=True), "random_minus_structured": diffs_df,
             "direction_counts": direction_counts(diffs_df),
             "table1": gains_over_unmodified(cells, gains_space(spaces), methods, K, vote_k, mcts_k, random_method)}
 
 
-def direction(row) -> str:
-    """A cell's direction: ``"random_better"`` or ``"structured_better"`` only when the paired 95% interval of
-    O_random(K) - O_structured(K) (``diff_lo``, ``diff_hi``) excludes 0, else ``"tie"`` (an interval touching or
-    straddling 0, as every interval of a handful of questions does)."""
-    if row["diff_lo"] > TIE:
-        return "random_better"
-    if row["diff_hi"] < -TIE:
-        return "structured_better"
-    return "tie"
+def direction(row, alpha: float = ALPHA) -> str:
+    """A cell's direction, from the exact McNemar test of O_random(K) vs O_structured(K) (``p``, ``random_only``,
+    ``structured_only``): ``"random_better"`` or ``"structured_better"`` only when p < ``alpha``, on the side of
+    the larger discordant count, else ``"tie"`` (not significant, as every cell of a handful of questions is)."""
+    if row["p"] >= alpha:
+        return "tie"
+    return "random_better" if row["random_only"] > row["structured_only"] else "structured_better"
+
+
+def direction_text(row, alpha: float = ALPHA) -> str:
+    """A cell's direction in words, from the test: ``"random reaches more (p = 0.003)"``, ``"<method> reaches
+    more (p = ...)"``, or ``"tie: not significant at 0.05 (p = 0.077)"``."""
+    way, p = direction(row, alpha), format_p(row["p"])
+    if way == "tie":
+        return f"tie: not significant at {alpha:g} (p = {p})"
+    return f"{'random' if way == 'random_better' else row['method']} reaches more (p = {p})"
+
+
+def comparison_lines(diffs: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """``random_minus_structured`` as printed: per cell, O_random(K) and O_structured(K), the difference in pp with
+    its Newcombe 95% interval and the exact McNemar p beside it, the discordant counts and the verdict
+    (`direction_text`)."""
+    rows = [{"model": r.model, "task": r.task, "space": r.space, "method": r.method, "n": r.n,
+             "random": f"{100 * r.random_oracle:.1f}", "structured": f"{100 * r.structured_oracle:.1f}",
+             "random - structured, pp [95%]": f"{100 * r.diff:+.1f} [{100 * r.diff_lo:+.1f}, {100 * r.diff_hi:+.1f}]",
+             "p": format_p(r.p), "random_only vs structured_only": f"{r.random_only} vs {r.structured_only}",
+             "verdict": ("collapsed: " if r.collapsed else "") + direction_text(r._asdict(), alpha)}
+            for r in diffs.itertuples()]
+    return pd.DataFrame(rows)
 
 
 def direction_counts(diffs: pd.DataFrame) -> pd.DataFrame:
-    """Per (space, method): clean cells where random is better / tied / worse (``direction``: by the paired
-    interval, not the sign of the mean), collapsed cells, median difference."""
+    """Per (space, method): clean cells where random is better / tied / worse (``direction``: by the exact paired
+    test at 0.05, not the sign of the mean), collapsed cells, median difference."""
     rows = []
     for (space, method), g in (diffs.groupby(["space", "method"]) if len(diffs) else []):
         clean = g[~g.collapsed.astype(bool)]
