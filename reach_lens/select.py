@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from reach_lens.records import RECORD_COLUMNS
+from reach_lens.stats import paired_comparison
 
 Candidate = Mapping[str, object]
 Selector = Callable[[Sequence[Candidate]], int]
@@ -142,7 +143,10 @@ if not set(_READ) <= set(RECORD_COLUMNS):  # a renamed record column fails here,
 
 
 def recovery_table(records: pd.DataFrame, selectors: Mapping[str, Selector], by: Sequence[str] = ()) -> pd.DataFrame:
-    """Per cell (groups of `by`; the whole table if empty) and selector: n, K, greedy (D), oracle (O_K), selector accuracy, recovery.
+    """Per cell (groups of `by`; the whole table if empty) and selector: n, K, greedy (D), oracle (O_K), selector
+    accuracy, recovery, and the selector against greedy on the same questions (`stats.paired_comparison`:
+    ``vs_greedy`` = selector_acc - greedy with Newcombe's ``vs_greedy_lo``/``_hi``, the exact McNemar
+    ``vs_greedy_p``, ``selector_only`` / ``greedy_only`` questions only one of them answers).
 
     `records` are `reach_lens.records` rows (columns d, o, K, candidates are read). A selector's pick is correct
     when the chosen candidate's `correct` is true.
@@ -161,8 +165,11 @@ def recovery_table(records: pd.DataFrame, selectors: Mapping[str, Selector], by:
             raise ValueError(f"cell {cell} mixes candidate budgets K={ks}; recovery compares one K")
         greedy, oracle = float(g["d"].mean()), float(g["o"].mean())
         for name, select in selectors.items():
-            picked = [bool(cands[select(cands)]["correct"]) for cands in g["candidates"]]
-            acc = float(np.mean(picked))
+            picked = np.array([bool(cands[select(cands)]["correct"]) for cands in g["candidates"]])
+            acc = float(picked.mean())
+            test = paired_comparison(picked, g["d"].astype(bool).to_numpy())
             rows.append({**cell, "selector": name, "n": len(g), "K": ks[0], "greedy": greedy,
-                         "oracle": oracle, "selector_acc": acc, "recovery": recovery(acc, greedy, oracle)})
+                         "oracle": oracle, "selector_acc": acc, "recovery": recovery(acc, greedy, oracle),
+                         "vs_greedy": test["diff"], "vs_greedy_lo": test["lo"], "vs_greedy_hi": test["hi"],
+                         "vs_greedy_p": test["p"], "selector_only": test["a_only"], "greedy_only": test["b_only"]})
     return pd.DataFrame(rows)

@@ -119,6 +119,12 @@ def test_recovery_table_per_cell():
     assert t.loc[("A", "max_mean_logprob"), "recovery"] == 1.0
     assert t.loc[("A", "max_mean_logprob"), "n"] == 2 and t.loc[("A", "max_mean_logprob"), "K"] == 3
     assert math.isnan(t.loc[("B", "majority_vote"), "recovery"])
+    # against greedy on the same questions: max_mean_logprob alone answers both of A's (2 vs 0, p = 0.5)
+    a = t.loc[("A", "max_mean_logprob")]
+    assert (a.selector_only, a.greedy_only, a.vs_greedy, a.vs_greedy_p) == (2, 0, 1.0, 0.5)
+    assert a.vs_greedy_lo < 1.0 == a.vs_greedy_hi
+    b = t.loc[("B", "majority_vote")]  # both right on B's one question: no discordant pair, p = 1
+    assert (b.selector_only, b.greedy_only, b.vs_greedy, b.vs_greedy_p) == (0, 0, 0.0, 1.0)
     whole = recovery_table(recs, {"majority_vote": majority_vote})
     assert len(whole) == 1 and whole.loc[0, "n"] == 3
     with pytest.raises(ValueError, match="lack columns"):
