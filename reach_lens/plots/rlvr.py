@@ -87,7 +87,7 @@ def _against_floor(row) -> str:
 def plot_rlvr_changes(df: pd.DataFrame, path: Path | str | None = None,
                       title: str = "Deployed vs reachable change") -> Figure:
     """Figure 6b from `rlvr.tables.checkpoint_changes` rows (+ T): per pair, the change of deployed D and of the oracle O_K
-    side by side, with paired bootstrap 95% intervals, in percentage points; under each pair, its O_K before and
+    side by side, with Newcombe's paired 95% intervals (`stats.paired_comparison`), in percentage points; under each pair, its O_K before and
     after against the uniform guesser's floor (column ``floor``; multiple choice only: an oracle below its floor
     shows no reach beyond guessing)."""
     need = ("pair", "n", "K", "T", "O_base", "O_trained", "floor",
@@ -108,7 +108,7 @@ def plot_rlvr_changes(df: pd.DataFrame, path: Path | str | None = None,
     ax.set_ylabel("trained - base (percentage points)")
     ax.grid(alpha=0.3, axis="y")
     legend_outside(ax, fontsize=8)
-    ax.set_title(f"{title}\n({_protocol_note(df)}; paired bootstrap 95%)", fontsize=10)
+    ax.set_title(f"{title}\n({_protocol_note(df)}; paired 95%, Newcombe)", fontsize=10)
     return _finish(fig, path)
 
 
