@@ -12,10 +12,6 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from reach_lens.errors import UserError
-from reach_lens.routes import LayerRoute
-
-TokenIds = tuple[int, ...]  # a prompt or continuation as token ids
-
 
 class EngineCapabilityError(UserError, ValueError):
     """A request needs something (hooks, routes, hidden states, log-likelihoods) this engine cannot do."""
@@ -37,9 +33,9 @@ class Request:
       chose the last token (``Generation.hidden``, ``[d_model]``).
     """
 
-    prompt: TokenIds
+    prompt: tuple[int, ...]
     max_new_tokens: int
-    route: LayerRoute | None = None
+    route: tuple[int, ...] | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -70,8 +66,8 @@ class Request:
 class LoglikRequest:
     """The summed log-probability of ``continuation`` (token ids) after ``context`` (token ids, non-empty)."""
 
-    context: TokenIds
-    continuation: TokenIds
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
 
     def __post_init__(self):
         object.__setattr__(self, "context", tuple(int(t) for t in self.context))
@@ -99,7 +95,7 @@ class Generation:
     token_entropies: list[float]
     finish_reason: str
     text: str | None
-    route: LayerRoute | None = None
+    route: tuple[int, ...] | None = None
     hidden: Tensor | None = field(default=None, compare=False)
 
     @property
