@@ -106,6 +106,61 @@ class _Row:
     hidden: Tensor | None = None
 
 
+@dataclass
+class _Batch:
+    """The rows decoding together over one schedule: ``B`` slots (batch rows), ``S = len(schedule)``.
+
+    - ``schedule``: ``[S]`` layers run in order; ``devices``: ``[S]`` where each runs.
+    - ``cache``: ``B`` rows of keys and values, one entry per schedule position.
+    - ``slots``: ``[B]`` the row id in each slot (-1: idle).
+    - ``lengths``: ``[B]`` positions each slot holds (0: idle); ``next_tokens``: ``[B]`` the token each feeds next.
+    - ``keep``: ``[B, S]`` the schedule positions each slot's route runs.
+    - ``extra``: room a rebuilt cache keeps past its width (the longest continuation + 1).
+
+    ``lengths``, ``keep`` and ``next_tokens`` live on the host (``CPU``).
+    """
+
+    schedule: list[int]
+    devices: list[torch.device]
+    cache: DecodeCache
+    slots: list[int]
+    lengths: Tensor
+    keep: Tensor
+    next_tokens: Tensor
+    extra: int
+
+    def live(self) -> list[int]:
+        return [s for s, r in enumerate(self.slots) if r >= 0]
+
+    def idle(self) -> list[int]:
+        return [s for s, r in enumerate(self.slots) if r < 0]
+
+    def write(self, slot: int, row_id: int, row: _Row, pre: Prefilled) -> None:
+        """Put row ``row_id`` (``row``, prefilled as ``pre``) in ``slot``."""
+        used = embed(row.route, self.schedule)
+        sources: list[Pieces | None] = [None] * len(self.schedule)
+        for i, j in enumerate(used):
+            sources[j] = pre.kv[i]
+        self.cache.write_row(slot, sources, len(row.request.prompt))
+        self.keep[slot] = False
+        self.keep[slot, used] = True
+        self.slots[slot] = row_id
+        self.lengths[slot] = len(row.request.prompt)
+        self.next_tokens[slot] = row.tokens[-1]
+
+    def regather(self, keep_idle: bool, width: int | None = None) -> None:
+        """Rebuild the cache: drop idle slots unless ``keep_idle``, drop all-padding columns, make room."""
+        kept = [s for s, r in enumerate(self.slots) if keep_idle or r >= 0]
+        lengths = self.lengths[kept].clone()
+        lengths[torch.tensor([self.slots[s] < 0 for s in kept], dtype=torch.bool, device=CPU)] = 0
+        width = int(lengths.max()) if width is None else width
+        self.cache = self.cache.gather(kept, lengths, width, width + self.extra)
+        self.slots = [self.slots[s] for s in kept]
+        self.lengths = lengths
+        self.keep = self.keep[kept]
+        self.next_tokens = self.next_tokens[kept]
+
+
 class DecodeLoop:
     """Runs the rows of one engine call to completion (see the module docstring); ``run()`` returns them in
     request order."""
@@ -137,7 +192,6 @@ class DecodeLoop:
             self.need.setdefault(row.request.prompt, Counter())[row.route] += 1
         self.prefilled: dict[Path, dict[Path, Prefilled]] = {}
         self.capacity_extra = max(r.max_new_tokens for r in requests) + 1
-        self.devices: list[torch.device] = []
 
     # ---- starting rows ------------------------------------------------------------------------
 
@@ -215,8 +269,8 @@ class DecodeLoop:
                 return self.waiting.pop(k)
         return None
 
-    def _new_batch(self) -> bool:
-        """Start up to ``batch_size`` rows in a new batch; False when nothing is left to run."""
+    def _new_batch(self) -> _Batch | None:
+        """Start up to ``batch_size`` rows in a new batch; None when nothing is left to run."""
         started: list[tuple[int, Prefilled]] = []
         first = self.rows[self.waiting[0]] if self.waiting else None
         limit = self.batch_size if first is None else rows_that_fit(
@@ -227,80 +281,57 @@ class DecodeLoop:
             if self.rows[row_id].finish_reason is None:
                 started.append((row_id, pre))
         if not started:
-            return False
-        self.schedule = schedule([self.rows[r].route for r, _ in started])
-        self.devices = [block_device(self.model, layer) for layer in self.schedule]
+            return None
+        sched = schedule([self.rows[r].route for r, _ in started])
+        devices = [block_device(self.model, layer) for layer in sched]
         # room for the prompts of the rows that may fill this batch's slots soon, so that starting one of them
         # does not rebuild the cache (prompts of one task differ by a few tokens; a rebuild copies every slot)
         soon = [len(self.rows[r].request.prompt) for r in self.waiting[: FIT_WINDOW * self.batch_size]]
         width = max([len(self.rows[r].request.prompt) for r, _ in started] + soon)
-        self.slots = [r for r, _ in started]
-        self.cache = DecodeCache.allocate(self.model, self.devices, len(started), width + self.capacity_extra)
-        self.lengths = torch.tensor([len(self.rows[r].request.prompt) for r in self.slots], dtype=torch.long, device=CPU)
-        self.cache.set_width(width, self.lengths)
-        self.keep = torch.zeros(len(started), len(self.schedule), dtype=torch.bool, device=CPU)
-        self.next_tokens = torch.tensor([self.rows[r].tokens[-1] for r in self.slots], dtype=torch.long, device=CPU)
+        slots = [r for r, _ in started]
+        cache = DecodeCache.allocate(self.model, devices, len(started), width + self.capacity_extra)
+        lengths = torch.tensor([len(self.rows[r].request.prompt) for r in slots], dtype=torch.long, device=CPU)
+        cache.set_width(width, lengths)
+        batch = _Batch(sched, devices, cache, slots, lengths,
+                       keep=torch.zeros(len(started), len(sched), dtype=torch.bool, device=CPU),
+                       next_tokens=torch.tensor([self.rows[r].tokens[-1] for r in slots], dtype=torch.long, device=CPU),
+                       extra=self.capacity_extra)
         for slot, (row_id, pre) in enumerate(started):
-            self._write(slot, row_id, pre)
-        return True
+            batch.write(slot, row_id, self.rows[row_id], pre)
+        return batch
 
-    def _write(self, slot: int, row_id: int, pre: Prefilled) -> None:
-        row = self.rows[row_id]
-        used = embed(row.route, self.schedule)
-        sources: list[Pieces | None] = [None] * len(self.schedule)
-        for i, j in enumerate(used):
-            sources[j] = pre.kv[i]
-        self.cache.write_row(slot, sources, len(row.request.prompt))
-        self.keep[slot] = False
-        self.keep[slot, used] = True
-        self.slots[slot] = row_id
-        self.lengths[slot] = len(row.request.prompt)
-        self.next_tokens[slot] = row.tokens[-1]
-
-    def _fill(self) -> None:
+    def _fill(self, batch: _Batch) -> None:
         """Start waiting rows that fit the schedule in idle slots."""
         while self.waiting:
-            idle = [s for s, r in enumerate(self.slots) if r < 0]
+            idle = batch.idle()
             if not idle:
                 return
-            row_id = self._take_fitting(self.schedule)
+            row_id = self._take_fitting(batch.schedule)
             if row_id is None:
                 return
             pre = self._start(row_id)
             if self.rows[row_id].finish_reason is not None:
                 continue
             n = len(self.rows[row_id].request.prompt)
-            if n > self.cache.width:
-                self._regather(keep_idle=True, width=n)
-                idle = [s for s, r in enumerate(self.slots) if r < 0]
-            self._write(idle[0], row_id, pre)
-
-    def _regather(self, keep_idle: bool, width: int | None = None) -> None:
-        """Rebuild the cache: drop idle slots unless ``keep_idle``, drop all-padding columns, make room."""
-        keep = [s for s, r in enumerate(self.slots) if keep_idle or r >= 0]
-        lengths = self.lengths[keep].clone()
-        lengths[torch.tensor([self.slots[s] < 0 for s in keep], dtype=torch.bool, device=CPU)] = 0
-        width = int(lengths.max()) if width is None else width
-        self.cache = self.cache.gather(keep, lengths, width, width + self.capacity_extra)
-        self.slots = [self.slots[s] for s in keep]
-        self.lengths = lengths
-        self.keep = self.keep[keep]
-        self.next_tokens = self.next_tokens[keep]
+            if n > batch.cache.width:
+                batch.regather(keep_idle=True, width=n)
+                idle = batch.idle()
+            batch.write(idle[0], row_id, self.rows[row_id], pre)
 
     # ---- the loop -------------------------------------------------------------------------------
 
     def run(self) -> list[Generation]:
-        while self._new_batch():
-            while any(r >= 0 for r in self.slots):
-                if self.cache.width + 1 > self.cache.capacity:
-                    self._regather(keep_idle=bool(self.waiting))
-                self._step()
-                n_idle = sum(r < 0 for r in self.slots)
+        while (batch := self._new_batch()) is not None:
+            while batch.live():
+                if batch.cache.width + 1 > batch.cache.capacity:
+                    batch.regather(keep_idle=bool(self.waiting))
+                self._step(batch)
+                n_idle = len(batch.idle())
                 if n_idle and self.waiting:
-                    self._fill()
-                    n_idle = sum(r < 0 for r in self.slots)
-                if n_idle and 2 * n_idle >= len(self.slots) and any(r >= 0 for r in self.slots):
-                    self._regather(keep_idle=False)
+                    self._fill(batch)
+                    n_idle = len(batch.idle())
+                if n_idle and 2 * n_idle >= len(batch.slots) and batch.live():
+                    batch.regather(keep_idle=False)
         return [Generation(r.tokens, r.logprobs, r.entropies, r.finish_reason, r.text, r.request.route, r.hidden)
                 for r in self.rows]
 
@@ -322,43 +353,43 @@ class DecodeLoop:
         entry.take_step(sub, index)
         return resid.index_copy(0, index, post)
 
-    def _step(self) -> None:
+    def _step(self, batch: _Batch) -> None:
         model = self.model
         device = model.embed.W_E.device
-        tokens = self.next_tokens[:, None].to(device)
-        live = [s for s, r in enumerate(self.slots) if r >= 0]
-        running = torch.tensor([r >= 0 for r in self.slots], device=CPU)
-        positions = torch.where(running, self.lengths, -1)[:, None]
-        prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in self.slots],
+        tokens = batch.next_tokens[:, None].to(device)
+        live = batch.live()
+        running = torch.tensor([r >= 0 for r in batch.slots], device=CPU)
+        positions = torch.where(running, batch.lengths, -1)[:, None]
+        prompt_lengths = torch.tensor([len(self.rows[r].request.prompt) if r >= 0 else 0 for r in batch.slots],
                                       device=CPU)
-        uses = self.keep & running[:, None]  # [batch, slot]: live rows that run each slot
+        uses = batch.keep & running[:, None]  # [B, S]: the live slots that run each schedule position
         counts = uses.sum(0).tolist()
         with self.source.declare(positions.to(device), prompt_lengths.to(device)):
             resid, _, shortformer, mask = model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens),
-                                                               past_kv_cache=self.cache)
-            for j, layer in enumerate(self.schedule):
-                dev, entry = self.devices[j], self.cache.entries[j]
+                                                               past_kv_cache=batch.cache)
+            for j, layer in enumerate(batch.schedule):
+                dev, entry = batch.devices[j], batch.cache.entries[j]
                 resid = resid.to(dev)
                 pos_embed = None if shortformer is None else shortformer.to(dev)
                 every = counts[j] == len(live)  # every live row runs the slot (idle rows' outputs are never read)
-                if self.subsets and not every and counts[j] <= SUBSET_SHARE * len(self.slots):
+                if self.subsets and not every and counts[j] <= SUBSET_SHARE * len(batch.slots):
                     resid = self._run_rows(layer, entry, resid, pos_embed, mask, uses[:, j].nonzero()[:, 0],
                                            positions, prompt_lengths)
                     continue
                 post = model.blocks[layer](resid, shortformer_pos_embed=pos_embed, past_kv_cache_entry=entry,
                                            attention_mask=mask.to(dev))
-                resid = post if every else torch.where(self.keep[:, j, None, None].to(dev), post, resid)
+                resid = post if every else torch.where(batch.keep[:, j, None, None].to(dev), post, resid)
             hidden = resid[:, -1]
             logits = self.prefiller.logits(hidden)
-        self.lengths[live] += 1
-        check_finite(logits[live], [self.slots[s] for s in live], self._describe)
-        rows = [self.slots[s] for s in live]
+        batch.lengths[live] += 1
+        check_finite(logits[live], [batch.slots[s] for s in live], self._describe)
+        rows = [batch.slots[s] for s in live]
         chosen, logprobs, entropies = choose(logits[live], [self.rows[r].request.temperature for r in rows],
                                              [self.rows[r].generator for r in rows],
                                              [self.rows[r].request.top_p for r in rows])
         for j, (slot, row_id) in enumerate(zip(live, rows)):
             self._append(row_id, int(chosen[j]), float(logprobs[j]), float(entropies[j]), hidden[slot])
-            self.next_tokens[slot] = int(chosen[j])
+            batch.next_tokens[slot] = int(chosen[j])
             if self.rows[row_id].finish_reason is not None:
-                self.slots[slot] = -1
-                self.lengths[slot] = 0
+                batch.slots[slot] = -1
+                batch.lengths[slot] = 0
