@@ -7,8 +7,10 @@ only a skip-only route runs, each skipped layer silenced.
 import operator
 from typing import Optional, Sequence
 
+LayerRoute = tuple[int, ...]  # a route: layer indices, run in order; the full path is (0, ..., L-1)
 
-def validate_route(path: Sequence[int], n_layers: int, max_len: Optional[int] = None) -> tuple[int, ...]:
+
+def validate_route(path: Sequence[int], n_layers: int, max_len: Optional[int] = None) -> LayerRoute:
     """Check a route (layer indices, run in order) and return it as a tuple; max_len defaults to 2·n_layers."""
     max_len = 2 * n_layers if max_len is None else max_len
     try:

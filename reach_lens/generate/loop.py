@@ -31,9 +31,10 @@ from transformer_lens import HookedTransformer
 
 from reach_lens.generate.attention import DecodeCache, Entry, block_device, rows_that_fit
 from reach_lens.generate.choice import StopCheck, check_finite, choose
-from reach_lens.generate.prefill import Path, Pieces, Prefilled, Prefiller
-from reach_lens.generate.types import Generation, Request
+from reach_lens.generate.prefill import Pieces, Prefilled, Prefiller
+from reach_lens.generate.types import Generation, Request, TokenIds
 from reach_lens.positions import PositionSource
+from reach_lens.routes import LayerRoute
 
 FIT_WINDOW = 4  # waiting rows scanned for one that fits the schedule: FIT_WINDOW * batch_size
 # a slot that at most this share of a batch's rows run is computed on those rows alone (on a copy of their keys and
@@ -43,7 +44,7 @@ ROUTE_GROUP = 32  # routes of one prompt prefilled together: their keys and valu
 CPU = torch.device("cpu")  # bookkeeping (lengths, slots, keep masks, next tokens) lives on the host
 
 
-def schedule(routes: Sequence[Path]) -> list[int]:
+def schedule(routes: Sequence[LayerRoute]) -> list[int]:
     """A common supersequence of ``routes``: for non-decreasing routes each layer as often as the route that runs
     it most, in layer order; otherwise a shortest common supersequence built pairwise."""
     if all(all(a <= b for a, b in itertools.pairwise(r)) for r in routes):
@@ -58,7 +59,7 @@ def schedule(routes: Sequence[Path]) -> list[int]:
     return sched
 
 
-def embed(route: Path, sched: Sequence[int]) -> list[int] | None:
+def embed(route: LayerRoute, sched: Sequence[int]) -> list[int] | None:
     """The schedule slots route positions use (greedy, leftmost), or None if ``route`` is not a subsequence."""
     used, j = [], 0
     for layer in route:
@@ -95,7 +96,7 @@ def _supersequence(a: list[int], b: list[int]) -> list[int]:
 @dataclass
 class _Row:
     request: Request
-    route: Path
+    route: LayerRoute
     stop: StopCheck
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
@@ -187,10 +188,10 @@ class DecodeLoop:
                                                              prompt_order[self.rows[i].request.prompt],
                                                              self.rows[i].route, i))
         self.waiting = order  # row ids in start order
-        self.need: dict[Path, Counter[Path]] = {}  # rows still to start, per prompt and route
+        self.need: dict[TokenIds, Counter[LayerRoute]] = {}  # rows still to start, per prompt and route
         for row in self.rows:
             self.need.setdefault(row.request.prompt, Counter())[row.route] += 1
-        self.prefilled: dict[Path, dict[Path, Prefilled]] = {}
+        self.prefilled: dict[TokenIds, dict[LayerRoute, Prefilled]] = {}
         self.capacity_extra = max(r.max_new_tokens for r in requests) + 1
 
     # ---- starting rows ------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class DecodeLoop:
             del self.need[prompt], self.prefilled[prompt]
         return found
 
-    def _full_paths_ahead(self, prompt: Path) -> None:
+    def _full_paths_ahead(self, prompt: TokenIds) -> None:
         """Prefill ``prompt`` with the next waiting prompts (up to ``batch_size`` in all) whose full paths are also
         batched (``Prefiller.batched_full_path``), together (``Prefiller.full_paths``)."""
         full = tuple(range(self.model.cfg.n_layers))

@@ -39,14 +39,15 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import apply_softcap
 
 from reach_lens.generate.attention import Entry, block_device
+from reach_lens.generate.types import TokenIds
 from reach_lens.positions import PositionSource
+from reach_lens.routes import LayerRoute
 
 PADDING_WASTE = 0.25  # a right-padded prefill batch computes at most this share of its real tokens again as padding
 # attention scores (prompts x heads x queries x keys) of one prefill block call, at most (unless one prompt alone
 # has more): 16 MB in float32, which keeps the scores and their softmax in cache (docs/engines.md)
 SCORES_BUDGET = 1 << 22
 
-Path = tuple[int, ...]
 KV = tuple[Tensor, Tensor]  # keys and values of consecutive positions, [kv_head, n, d_head] each
 Pieces = tuple[KV, ...]  # one block's keys and values of a prompt, as consecutive pieces (shared ones first)
 
@@ -61,7 +62,7 @@ class CleanPrefix:
     d_head]`` each (d < depth). A base is at least as deep as what extends it (``Prefiller._extend``).
     """
 
-    tokens: Path
+    tokens: TokenIds
     resid: list[Tensor]
     kv: list[KV]
     base: CleanPrefix | None = None
@@ -103,8 +104,8 @@ class PrefixCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[Path, CleanPrefix] = OrderedDict()
-        self.sizes: dict[Path, int] = {}  # bytes of each entry when it was last put (entries grow in depth)
+        self.entries: OrderedDict[TokenIds, CleanPrefix] = OrderedDict()
+        self.sizes: dict[TokenIds, int] = {}  # bytes of each entry when it was last put (entries grow in depth)
         self.stamp: Hashable = None
         self.bytes = 0
 
@@ -118,13 +119,13 @@ class PrefixCache:
         self.sizes.clear()
         self.bytes = 0
 
-    def get(self, prompt: Path) -> CleanPrefix | None:
+    def get(self, prompt: TokenIds) -> CleanPrefix | None:
         found = self.entries.get(prompt)
         if found is not None:
             self._touch(found)
         return found
 
-    def longest_prefix(self, prompt: Path) -> Path | None:
+    def longest_prefix(self, prompt: TokenIds) -> TokenIds | None:
         """The longest cached prompt that is a proper prefix of ``prompt`` (its first tokens), or None."""
         best = None
         for key in self.entries:
@@ -132,7 +133,7 @@ class PrefixCache:
                 best = key
         return best
 
-    def put(self, prompt: Path, prefix: CleanPrefix) -> None:
+    def put(self, prompt: TokenIds, prefix: CleanPrefix) -> None:
         """Keep (or re-count, after it grew) ``prefix`` as the entry of ``prompt``, and its bases after it: an entry
         is evicted before the entries it extends."""
         self._drop(prompt)
@@ -149,7 +150,7 @@ class PrefixCache:
             evicted, _ = self.entries.popitem(last=False)
             self.bytes -= self.sizes.pop(evicted)
 
-    def _add(self, prompt: Path, prefix: CleanPrefix) -> None:
+    def _add(self, prompt: TokenIds, prefix: CleanPrefix) -> None:
         size = prefix.nbytes
         if size <= self.max_bytes:
             self.entries[prompt] = prefix
@@ -163,7 +164,7 @@ class PrefixCache:
                 self.entries.move_to_end(prefix.tokens)
             prefix = prefix.base
 
-    def _drop(self, prompt: Path) -> None:
+    def _drop(self, prompt: TokenIds) -> None:
         if prompt in self.entries:
             del self.entries[prompt]
             self.bytes -= self.sizes.pop(prompt)
@@ -209,7 +210,7 @@ def budgeted_batches(lengths: Sequence[int], past: int, n_heads: int, budget: in
     return out
 
 
-def clean_length(route: Path) -> int:
+def clean_length(route: LayerRoute) -> int:
     """How many first positions of ``route`` are the full path's (0, 1, 2, ...)."""
     return next((i for i, layer in enumerate(route) if layer != i), len(route))
 
@@ -229,14 +230,14 @@ class Prefiller:
         self.model, self.source, self.cache, self.hooked_from, self.share = model, source, cache, hooked_from, share
         self.n_layers = model.cfg.n_layers
         self.positionwise_hooks = positionwise_hooks
-        self.hooked_prefix: tuple[Path, list[KV]] | None = None  # tokens, kv of hooked blocks
+        self.hooked_prefix: tuple[TokenIds, list[KV]] | None = None  # tokens, kv of hooked blocks
 
     # ---- pieces ---------------------------------------------------------------------------------
 
     def _device(self, layer: int) -> torch.device:
         return block_device(self.model, layer)
 
-    def _embed(self, prompt: Path) -> Tensor:
+    def _embed(self, prompt: TokenIds) -> Tensor:
         tokens = torch.tensor([prompt], dtype=torch.long, device=self.model.embed.W_E.device)
         resid, _, _, _ = self.model.input_to_embed(tokens, attention_mask=torch.ones_like(tokens))
         return resid
@@ -262,7 +263,7 @@ class Prefiller:
     def _batches(self, lengths: Sequence[int], past: int) -> list[list[int]]:
         return budgeted_batches(lengths, past, self.model.cfg.n_heads, SCORES_BUDGET)
 
-    def _clean(self, prompt: Path, depth: int) -> CleanPrefix:
+    def _clean(self, prompt: TokenIds, depth: int) -> CleanPrefix:
         """The clean prefix of ``prompt`` through ``depth`` blocks, from the cache or extended there; a prompt not
         cached extends the longest cached prompt its tokens start with, when there is one (``CleanPrefix.base``)."""
         found = self.cache.get(prompt) if self.cache is not None else None
@@ -288,11 +289,11 @@ class Prefiller:
         if self.cache is not None:
             self.cache.put(prefix.tokens, prefix)
 
-    def _clean_many(self, prompts: Sequence[Path], depth: int) -> list[CleanPrefix]:
+    def _clean_many(self, prompts: Sequence[TokenIds], depth: int) -> list[CleanPrefix]:
         """``_clean`` of several prompts: those with nothing cached that extend the same cached prompt (or none) run
         their own tokens through the first ``depth`` blocks in right-padded batches of similar lengths."""
-        found: dict[Path, CleanPrefix] = {}
-        groups: dict[Path | None, list[Path]] = {}
+        found: dict[TokenIds, CleanPrefix] = {}
+        groups: dict[TokenIds | None, list[TokenIds]] = {}
         for p in dict.fromkeys(prompts):
             cached = self.cache.get(p) if self.cache is not None else None
             if cached is not None:
@@ -307,7 +308,7 @@ class Prefiller:
                 found.update(zip(chosen, self._clean_batch(chosen, clean, depth)))
         return [found[p] for p in prompts]
 
-    def _clean_batch(self, prompts: Sequence[Path], base: CleanPrefix | None, depth: int) -> list[CleanPrefix]:
+    def _clean_batch(self, prompts: Sequence[TokenIds], base: CleanPrefix | None, depth: int) -> list[CleanPrefix]:
         """Clean prefixes of ``prompts`` that all extend ``base`` (None: from their first token), their own tokens
         right-padded into one batch; each is cached."""
         start = 0 if base is None else len(base.tokens)
@@ -325,7 +326,7 @@ class Prefiller:
                 self.cache.put(p, prefix)
         return prefixes
 
-    def share_common_prefix(self, prompts: Sequence[Path], min_tokens: int = 16) -> None:
+    def share_common_prefix(self, prompts: Sequence[TokenIds], min_tokens: int = 16) -> None:
         """Prefill the longest token prefix common to ``prompts`` (at least two distinct ones) as a cache entry, so
         that each prompt's clean prefix is computed only after it (module docstring). Nothing happens without a
         cache, under a hooked embedding, or when the common prefix is shorter than ``min_tokens``."""
@@ -356,7 +357,7 @@ class Prefiller:
 
     # ---- one prompt, many routes ----------------------------------------------------------------
 
-    def __call__(self, prompt: Path, routes: Sequence[Path]) -> dict[Path, Prefilled]:
+    def __call__(self, prompt: TokenIds, routes: Sequence[LayerRoute]) -> dict[LayerRoute, Prefilled]:
         """Prefill of every route of ``prompt`` (routes given as layer tuples; the full path included as such)."""
         routes = list(dict.fromkeys(routes))
         n = len(prompt)
@@ -366,7 +367,7 @@ class Prefiller:
                 return {r: self._alone(prompt, r) for r in routes}
             return self._shared(prompt, routes)
 
-    def batched_full_path(self, prompt: Path, routes: Sequence[Path]) -> bool:
+    def batched_full_path(self, prompt: TokenIds, routes: Sequence[LayerRoute]) -> bool:
         """Whether ``prompt``'s prefill of ``routes`` is a full path that ``full_paths`` computes together with other
         prompts: under positionwise hooks after the call's hooked common prefix, or under no hooked block at all
         (the decode loop asks before calling)."""
@@ -377,7 +378,7 @@ class Prefiller:
         tokens = self.hooked_prefix[0]
         return len(prompt) > len(tokens) and prompt[:len(tokens)] == tokens
 
-    def full_paths(self, prompts: Sequence[Path]) -> list[Prefilled]:
+    def full_paths(self, prompts: Sequence[TokenIds]) -> list[Prefilled]:
         """Full-path prefills of prompts for which ``batched_full_path`` holds: the clean blocks from the cache or
         computed in batches (``_clean_many``), the hooked ones over the prompts' own tokens after the hooked
         prefix, in right-padded batches of prompts of similar lengths (``padded_batches``; a row's real positions
@@ -394,7 +395,7 @@ class Prefiller:
             out.update(zip(batch, self._full_paths_batch([prompts[i] for i in batch])))
         return [out[i] for i in range(len(prompts))]
 
-    def _full_paths_batch(self, prompts: Sequence[Path]) -> list[Prefilled]:
+    def _full_paths_batch(self, prompts: Sequence[TokenIds]) -> list[Prefilled]:
         tokens, hooked_kv = self.hooked_prefix
         c, h = len(tokens), self.hooked_from
         cleans = self._clean_many(prompts, h)
@@ -413,18 +414,18 @@ class Prefiller:
         logits = self.logits(hidden)
         return [Prefilled(kv, hidden[b], logits[b]) for b, kv in enumerate(kvs)]
 
-    def _start(self, route: Path) -> int:
+    def _start(self, route: LayerRoute) -> int:
         """Positions of ``route`` served by the clean prefix."""
         return min(clean_length(route), self.hooked_from) if self.hooked_from >= 0 else 0
 
-    def _shared(self, prompt: Path, routes: list[Path]) -> dict[Path, Prefilled]:
+    def _shared(self, prompt: TokenIds, routes: list[LayerRoute]) -> dict[LayerRoute, Prefilled]:
         start = {r: self._start(r) for r in routes}
         clean = self._clean(prompt, max(start.values())) if self.hooked_from >= 0 else None
         embedded = self._embed(prompt) if clean is None else None  # the embedding itself is hooked
         todo = sorted({r[:i] for r in routes for i in range(start[r] + 1, len(r) + 1)}, key=len)
-        resid: dict[Path, Tensor] = {}
-        kv: dict[Path, KV] = {}
-        last: dict[Path, Tensor] = {}
+        resid: dict[LayerRoute, Tensor] = {}
+        kv: dict[LayerRoute, KV] = {}
+        last: dict[LayerRoute, Tensor] = {}
         for r in routes:
             if start[r] == len(r):
                 last[r] = clean.resid[len(r)][0, -1]  # a prompt's own positions include its last
@@ -448,8 +449,8 @@ class Prefiller:
             out[r] = Prefilled(entries, last[r], logits[j])
         return out
 
-    def _parent(self, prefix: Path, clean: CleanPrefix | None, embedded: Tensor | None,
-                resid: dict[Path, Tensor]) -> Tensor:
+    def _parent(self, prefix: LayerRoute, clean: CleanPrefix | None, embedded: Tensor | None,
+                resid: dict[LayerRoute, Tensor]) -> Tensor:
         parent = prefix[:-1]
         if parent in resid:
             return resid[parent]
@@ -458,7 +459,7 @@ class Prefiller:
         resid[parent] = clean.residual(len(parent))  # the clean full path's start, assembled once per depth
         return resid[parent]
 
-    def _alone(self, prompt: Path, route: Path) -> Prefilled:
+    def _alone(self, prompt: TokenIds, route: LayerRoute) -> Prefilled:
         """The reference: every position of the route computed for this route alone, from the embedding."""
         resid = self._embed(prompt)
         kv = []

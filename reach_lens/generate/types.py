@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from reach_lens.errors import UserError
+from reach_lens.routes import LayerRoute
+
+TokenIds = tuple[int, ...]  # a prompt or continuation as token ids
+
 
 class EngineCapabilityError(UserError, ValueError):
     """A request needs something (hooks, routes, hidden states, log-likelihoods) this engine cannot do."""
@@ -33,9 +37,9 @@ class Request:
       chose the last token (``Generation.hidden``, ``[d_model]``).
     """
 
-    prompt: tuple[int, ...]
+    prompt: TokenIds
     max_new_tokens: int
-    route: tuple[int, ...] | None = None
+    route: LayerRoute | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -66,8 +70,8 @@ class Request:
 class LoglikRequest:
     """The summed log-probability of ``continuation`` (token ids) after ``context`` (token ids, non-empty)."""
 
-    context: tuple[int, ...]
-    continuation: tuple[int, ...]
+    context: TokenIds
+    continuation: TokenIds
 
     def __post_init__(self):
         object.__setattr__(self, "context", tuple(int(t) for t in self.context))
@@ -95,7 +99,7 @@ class Generation:
     token_entropies: list[float]
     finish_reason: str
     text: str | None
-    route: tuple[int, ...] | None = None
+    route: LayerRoute | None = None
     hidden: Tensor | None = field(default=None, compare=False)
 
     @property

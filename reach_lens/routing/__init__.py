@@ -9,9 +9,10 @@ from reach_lens.routing.local import Genetic, HillClimb, RandomSearch, random_me
 from reach_lens.routing.mcts import MCTS
 from reach_lens.routing.router import LayerRouter, cross_fit_router, cross_fit_routes, prompt_features
 from reach_lens.routing.search import Search, SearchTrace, run_searches
-from reach_lens.routing.spaces import ROUTE_LAWS, SPACES, ActionSpace, Path, Segments, SkipOnly, SkipRepeat, make_space
+from reach_lens.routing.spaces import ROUTE_LAWS, SPACES, ActionSpace, Segments, SkipOnly, SkipRepeat, make_space
+from reach_lens.routes import LayerRoute
 
-__all__ = ["ActionSpace", "Path", "SkipOnly", "SkipRepeat", "Segments", "SPACES", "ROUTE_LAWS", "make_space",
+__all__ = ["ActionSpace", "LayerRoute", "SkipOnly", "SkipRepeat", "Segments", "SPACES", "ROUTE_LAWS", "make_space",
            "Search", "SearchTrace", "run_searches", "RandomSearch", "random_method", "MCTS", "HillClimb", "Genetic", "METHODS",
            "LayerRouter", "cross_fit_router", "cross_fit_routes", "prompt_features",
            "RouteEvaluator", "make_search", "search_rows", "random_route_candidates", "router_routes", "router_rows",

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 from transformer_lens import HookedTransformer
 
-from reach_lens.routes import validate_route
+from reach_lens.routes import LayerRoute, validate_route
 from reach_lens.probes import prompt_ids, question_seed, route
 from reach_lens.routing.local import Genetic, HillClimb, RandomSearch, random_method
 from reach_lens.routing.mcts import MCTS
 from reach_lens.routing.router import cross_fit_router
 from reach_lens.routing.search import BatchRewardFn, Search, run_searches
-from reach_lens.routing.spaces import ActionSpace, Path, make_space
+from reach_lens.routing.spaces import ActionSpace, make_space
 from reach_lens.tasks import Question, Task
 
 
@@ -49,7 +49,7 @@ class RouteEvaluator:
                  batch_size: int = 16, keep_hidden: bool = True):
         self.model, self.task, self.questions, self.fmt = model, task, list(questions), fmt
         self.batch_size, self.keep_hidden = batch_size, keep_hidden
-        self.memo: dict[tuple[int, Path], dict] = {}
+        self.memo: dict[tuple[int, LayerRoute], dict] = {}
 
     def evaluate(self, pairs: Sequence[tuple[int, Sequence[int]]]) -> list[dict]:
         """Candidates of (question index, route) pairs, generating the ones not seen before in one call."""
@@ -58,7 +58,7 @@ class RouteEvaluator:
         bad = [i for i, _ in keys if not 0 <= i < len(self.questions)]
         if bad:
             raise ValueError(f"question index {bad[0]} out of range (0..{len(self.questions) - 1})")
-        by_question: dict[int, list[Path]] = {}
+        by_question: dict[int, list[LayerRoute]] = {}
         for i, r in dict.fromkeys(k for k in keys if k not in self.memo):
             by_question.setdefault(i, []).append(r)
         for asked in _calls(by_question, ROUTES_PER_CALL):
@@ -74,12 +74,12 @@ class RouteEvaluator:
 
     def reward_fn(self, question_of: Sequence[int]) -> BatchRewardFn:
         """Reward (1.0 correct, 0.0 not) for `run_searches`, whose search i works on question `question_of[i]`."""
-        def reward(pairs: list[tuple[int, Path]]) -> list[float]:
+        def reward(pairs: list[tuple[int, LayerRoute]]) -> list[float]:
             return [float(c["correct"]) for c in self.evaluate([(question_of[s], p) for s, p in pairs])]
         return reward
 
 
-def _calls(by_question: Mapping[int, Sequence[Path]], limit: int) -> list[list[int]]:
+def _calls(by_question: Mapping[int, Sequence[LayerRoute]], limit: int) -> list[list[int]]:
     """Questions in order, grouped into engine calls of at most ``limit`` routes (a question's routes stay in one
     call; a question with more routes than ``limit`` is a call of its own)."""
     calls: list[list[int]] = []
@@ -149,8 +149,8 @@ def random_route_candidates(model: HookedTransformer, task: Task, questions: Seq
 
 
 def router_routes(model: HookedTransformer, cells: Mapping[Hashable, tuple[Task, Sequence[Question], str]],
-                  found: Mapping[Hashable, Mapping[str, Sequence[tuple[Path, float]]]],
-                  seed: int = 0) -> dict[Hashable, dict[str, Path]]:
+                  found: Mapping[Hashable, Mapping[str, Sequence[tuple[LayerRoute, float]]]],
+                  seed: int = 0) -> dict[Hashable, dict[str, LayerRoute]]:
     """The learned router's route of every question of every cell (`cells[key] = (task, questions, fmt)`),
     cross-fitted over the questions of all cells pooled (`cross_fit_router`) and trained on the (route,
     reward) pairs searched on the other folds' questions (`found[key][question id]`)."""
@@ -164,7 +164,7 @@ ROUTER_COLUMNS = ("question_id", "route", "answer", "correct", "generated")
 
 
 def router_rows(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str,
-                route_of: Mapping[str, Sequence[int]], known: Mapping[tuple[str, Path], Mapping] | None = None,
+                route_of: Mapping[str, Sequence[int]], known: Mapping[tuple[str, LayerRoute], Mapping] | None = None,
                 batch_size: int = 16) -> list[dict]:
     """One row per question (`ROUTER_COLUMNS`): its router route (`route_of[question id]`), the greedy answer
     under it and whether it is correct. A (question id, route) pair in `known` (candidate dicts, e.g. the
@@ -185,7 +185,8 @@ def router_rows(model: HookedTransformer, task: Task, questions: Sequence[Questi
     return rows
 
 
-def known_candidates(candidates: Iterable[Sequence[Mapping]], question_ids: Iterable[str]) -> dict[tuple[str, Path], Mapping]:
+def known_candidates(candidates: Iterable[Sequence[Mapping]],
+                     question_ids: Iterable[str]) -> dict[tuple[str, LayerRoute], Mapping]:
     """{(question id, route): candidate} from per-question candidate lists (each candidate with its ``route``)."""
     return {(qid, tuple(int(layer) for layer in c["route"])): c
             for qid, cands in zip(question_ids, candidates) for c in cands}
@@ -199,8 +200,8 @@ class RouterCell:
 
     task: Task
     questions: Sequence[Question]
-    found: Mapping[str, Sequence[tuple[Path, float]]]
-    known: Mapping[tuple[str, Path], Mapping]
+    found: Mapping[str, Sequence[tuple[LayerRoute, float]]]
+    known: Mapping[tuple[str, LayerRoute], Mapping]
     fmt: str
 
 
@@ -215,9 +216,9 @@ class LearnedRouter:
     def __init__(self, model: HookedTransformer, cells: Mapping[Hashable, RouterCell], seed: int = 0,
                  batch_size: int = 16):
         self.model, self.cells, self.seed, self.batch_size = model, dict(cells), seed, batch_size
-        self._routes: dict[Hashable, dict[str, Path]] | None = None
+        self._routes: dict[Hashable, dict[str, LayerRoute]] | None = None
 
-    def routes(self) -> dict[Hashable, dict[str, Path]]:
+    def routes(self) -> dict[Hashable, dict[str, LayerRoute]]:
         if self._routes is None:
             self._routes = router_routes(self.model, {k: (c.task, c.questions, c.fmt) for k, c in self.cells.items()},
                                          {k: c.found for k, c in self.cells.items()}, seed=self.seed)

@@ -6,8 +6,9 @@ neighbours of the current route at a time; the genetic search asks for one gener
 import random
 from typing import Iterator, Optional
 
+from reach_lens.routes import LayerRoute
 from reach_lens.routing.search import Search, distinct_random_routes
-from reach_lens.routing.spaces import ROUTE_LAWS, ActionSpace, Path
+from reach_lens.routing.spaces import ROUTE_LAWS, ActionSpace
 
 
 def random_method(law: str) -> str:
@@ -31,7 +32,7 @@ class RandomSearch(Search):
             raise ValueError(f"route law {law!r} unknown; valid: {', '.join(map(repr, ROUTE_LAWS))}")
         self.law = law
 
-    def _propose(self) -> Iterator[list[Path]]:
+    def _propose(self) -> Iterator[list[LayerRoute]]:
         full, out = self.space.full_path, {}
         for _ in range(100 * self.K):
             if len(out) >= self.K - 1:
@@ -59,11 +60,11 @@ class HillClimb(Search):
             raise ValueError(f"batch={batch}; must be >= 1, or None for all neighbours at once")
         self.batch = batch
 
-    def _better(self, options: list[Path], current: Path) -> Optional[Path]:
+    def _better(self, options: list[LayerRoute], current: LayerRoute) -> Optional[LayerRoute]:
         known = [p for p in options if p in self.reward and self.reward[p] > self.reward[current]]
         return max(known, key=self.reward.__getitem__) if known else None
 
-    def _propose(self) -> Iterator[list[Path]]:
+    def _propose(self) -> Iterator[list[LayerRoute]]:
         current = self.space.full_path
         yield [current]
         visited = {current}
@@ -91,7 +92,7 @@ class HillClimb(Search):
             visited.add(current)
 
 
-def _cuts(path: Path, n_layers: int) -> dict[int, int]:
+def _cuts(path: LayerRoute, n_layers: int) -> dict[int, int]:
     """{c: i} for every layer c in 1..L-1 where path[:i] holds exactly the layers < c."""
     out = {}
     for c in range(1, n_layers):
@@ -101,7 +102,7 @@ def _cuts(path: Path, n_layers: int) -> dict[int, int]:
     return out
 
 
-def crossover(a: Path, b: Path, space: ActionSpace, rng: random.Random) -> Optional[Path]:
+def crossover(a: LayerRoute, b: LayerRoute, space: ActionSpace, rng: random.Random) -> Optional[LayerRoute]:
     """One-point crossover at a layer c where both routes split into layers < c, then layers >= c:
     a's part below c + b's part from c on; a uniformly drawn c among those giving a new valid route."""
     cuts_a, cuts_b = _cuts(a, space.n_layers), _cuts(b, space.n_layers)
@@ -132,11 +133,11 @@ class Genetic(Search):
                 raise ValueError(f"{name}={p} out of range (0..1)")
         self.population, self.p_crossover, self.p_mutation = population, p_crossover, p_mutation
 
-    def _parent(self, pop: list[Path]) -> Path:
+    def _parent(self, pop: list[LayerRoute]) -> LayerRoute:
         a, b = self.rng.choice(pop), self.rng.choice(pop)
         return a if self.reward[a] >= self.reward[b] else b
 
-    def _child(self, pop: list[Path]) -> Path:
+    def _child(self, pop: list[LayerRoute]) -> LayerRoute:
         a = self._parent(pop)
         child, b = a, None
         if self.rng.random() < self.p_crossover:
@@ -147,13 +148,13 @@ class Genetic(Search):
             child = options[self.rng.randrange(len(options))] if options else child
         return child
 
-    def _propose(self) -> Iterator[list[Path]]:
+    def _propose(self) -> Iterator[list[LayerRoute]]:
         full = self.space.full_path
         yield [full] + distinct_random_routes(self.space, self.population - 1, self.rng, {full},
                                               max_draws=100 * self.population)
         pop = [p for p in self.reward]
         while True:
-            children: dict[Path, None] = {}
+            children: dict[LayerRoute, None] = {}
             for _ in range(20 * self.population):
                 if len(children) >= self.population:
                     break

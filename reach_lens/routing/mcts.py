@@ -21,14 +21,15 @@ Batching: one new route per iteration (batch of 1); run many questions' searches
 import math
 from typing import Iterator, Optional
 
+from reach_lens.routes import LayerRoute
 from reach_lens.routing.search import Search
-from reach_lens.routing.spaces import ActionSpace, Path
+from reach_lens.routing.spaces import ActionSpace
 
 
 class _Node:
     __slots__ = ("path", "parent", "children", "untried", "visits", "total")
 
-    def __init__(self, path: Path, parent: Optional["_Node"], untried: list[Path]):
+    def __init__(self, path: LayerRoute, parent: Optional["_Node"], untried: list[LayerRoute]):
         self.path, self.parent, self.untried = path, parent, untried
         self.children: list[_Node] = []
         self.visits, self.total = 0, 0.0
@@ -48,7 +49,7 @@ class MCTS(Search):
             raise ValueError(f"widen={widen} out of range (0..1); 0 = one child per node, 1 = a child per visit")
         self.c, self.length_penalty, self.p_random, self.widen = c, length_penalty, p_random, widen
 
-    def _node(self, path: Path, parent: Optional[_Node]) -> _Node:
+    def _node(self, path: LayerRoute, parent: Optional[_Node]) -> _Node:
         untried = self.space.neighbors(path)
         self.rng.shuffle(untried)
         return _Node(path, parent, untried)
@@ -76,7 +77,7 @@ class MCTS(Search):
             node.total += reward
             node = node.parent
 
-    def _propose(self) -> Iterator[list[Path]]:
+    def _propose(self) -> Iterator[list[LayerRoute]]:
         root = self._node(self.space.full_path, None)
         yield [root.path]
         self._backup(root, self.reward[root.path])

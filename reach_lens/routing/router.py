@@ -31,8 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from reach_lens.routes import validate_route
-from reach_lens.routing.spaces import Path
+from reach_lens.routes import LayerRoute, validate_route
 
 SKIP, KEEP, REPEAT = 0, 1, 2
 N_ACTIONS = 3
@@ -40,7 +39,7 @@ HOST = torch.device("cpu")  # the router is a small host-side model: features an
                             # the transformer's device (its activations are moved here) or torch's default device
 
 
-def _run_counts(route: Sequence[int], n_layers: int) -> tuple[Path, np.ndarray]:
+def _run_counts(route: Sequence[int], n_layers: int) -> tuple[LayerRoute, np.ndarray]:
     path = validate_route(route, n_layers)
     return path, np.bincount(np.asarray(path, dtype=np.int64), minlength=n_layers).astype(np.int64)
 
@@ -64,7 +63,7 @@ def route_to_labels(route: Sequence[int], n_layers: int) -> Int[np.ndarray, " n_
     return counts
 
 
-def labels_to_route(labels: Sequence[int]) -> Path:
+def labels_to_route(labels: Sequence[int]) -> LayerRoute:
     """The route running layer l `labels[l]` times (0 SKIP, 1 KEEP, 2 REPEAT), in layer order."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.isin(labels, (SKIP, KEEP, REPEAT)).all():
@@ -75,7 +74,7 @@ def labels_to_route(labels: Sequence[int]) -> Path:
     return tuple(layer for layer, runs in enumerate(labels.tolist()) for _ in range(runs))
 
 
-def decode_route(probs: Float[np.ndarray, "n_layers 3"]) -> Path:
+def decode_route(probs: Float[np.ndarray, "n_layers 3"]) -> LayerRoute:
     """The route of per-layer probabilities [SKIP, KEEP, REPEAT]: argmax per layer, ties to KEEP; if every
     layer decodes to SKIP, the layer with the highest KEEP probability is kept (first one on ties)."""
     probs = np.asarray(probs, dtype=np.float64)
@@ -234,7 +233,7 @@ class LayerRouter:
         with torch.no_grad():
             return torch.softmax(self._logits(x), -1)
 
-    def predict_routes(self, features: Float[Tensor, "n d"]) -> list[Path]:
+    def predict_routes(self, features: Float[Tensor, "n d"]) -> list[LayerRoute]:
         """The decoded route of each row (`decode_route`)."""
         return [decode_route(p) for p in self.predict_proba(features).numpy()]
 
@@ -284,7 +283,8 @@ def _fold_of(question_ids: Sequence[Hashable], folds: int, seed: int) -> dict[Ha
 
 def cross_fit_routes(features: Mapping[Hashable, Float[Tensor, " d"]],
                      found: Mapping[Hashable, Sequence[tuple[Sequence[int], float]]], n_layers: int,
-                     folds: int = 5, seed: int = 0, max_per_question: int = 4, **router_kwargs) -> dict[Hashable, Path]:
+                     folds: int = 5, seed: int = 0, max_per_question: int = 4,
+                     **router_kwargs) -> dict[Hashable, LayerRoute]:
     """The route a `LayerRouter(**router_kwargs)` predicts for each question of `features`, K-fold cross-fitted.
 
     Questions (keys of `features`) are split into `folds` balanced folds by a salted hash of their ids, a
@@ -304,7 +304,7 @@ def cross_fit_routes(features: Mapping[Hashable, Float[Tensor, " d"]],
     if bad:
         raise ValueError(f"features of question {bad[0]!r} have shape {tuple(x[bad[0]].shape)}; expected [d]")
     fold = _fold_of(list(x), folds, seed)
-    routes: dict[Hashable, Path] = {}
+    routes: dict[Hashable, LayerRoute] = {}
     for k in range(folds):
         held = [q for q in x if fold[q] == k]
         if not held:
@@ -321,7 +321,7 @@ def cross_fit_routes(features: Mapping[Hashable, Float[Tensor, " d"]],
 def cross_fit_router(model: HookedTransformer, cells: Mapping[Hashable, tuple[Sequence[Tensor | Sequence[int]],
                                                                             Sequence[Hashable]]],
                      found: Mapping[tuple[Hashable, Hashable], Sequence[tuple[Sequence[int], float]]],
-                     folds: int = 5, seed: int = 0, **router_kwargs) -> dict[tuple[Hashable, Hashable], Path]:
+                     folds: int = 5, seed: int = 0, **router_kwargs) -> dict[tuple[Hashable, Hashable], LayerRoute]:
     """`cross_fit_routes` over questions pooled from several cells (e.g. the tasks of one model).
 
     `cells` maps a cell key to (prompt token ids, question ids) of its questions; `found` maps

@@ -22,12 +22,13 @@ from typing import Callable, ClassVar, Iterator, Optional, Sequence
 
 import numpy as np
 
-from reach_lens.routing.spaces import ActionSpace, Path
+from reach_lens.routes import LayerRoute
+from reach_lens.routing.spaces import ActionSpace
 
 STALE_LIMIT = 1000
 
-RewardFn = Callable[[list[Path]], Sequence[float]]
-BatchRewardFn = Callable[[list[tuple[int, Path]]], Sequence[float]]
+RewardFn = Callable[[list[LayerRoute]], Sequence[float]]
+BatchRewardFn = Callable[[list[tuple[int, LayerRoute]]], Sequence[float]]
 
 
 @dataclass
@@ -38,7 +39,7 @@ class SearchTrace:
     space: str
     K: int
     seed: int
-    routes: list[Path] = field(default_factory=list)
+    routes: list[LayerRoute] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -52,7 +53,7 @@ class SearchTrace:
         return np.concatenate([o, np.full(K - len(o), o[-1])]) if len(o) < K else o
 
     @property
-    def best(self) -> Path:
+    def best(self) -> LayerRoute:
         """The first route with the highest reward."""
         return self.routes[int(np.argmax(self.rewards))]
 
@@ -72,10 +73,10 @@ class Search(ABC):
             raise ValueError(f"K={K}; the budget must be at least 1 route")
         self.space, self.K, self.seed = space, K, seed
         self.rng = random.Random(seed)
-        self.reward: dict[Path, float] = {}
+        self.reward: dict[LayerRoute, float] = {}
         self._trace = SearchTrace(self.name, space.name, K, seed)
-        self._steps: Optional[Iterator[list[Path]]] = None
-        self._pending: list[Path] = []
+        self._steps: Optional[Iterator[list[LayerRoute]]] = None
+        self._pending: list[LayerRoute] = []
         self._done = False
 
     @property
@@ -83,10 +84,10 @@ class Search(ABC):
         return self.K - len(self.reward)
 
     @abstractmethod
-    def _propose(self) -> Iterator[list[Path]]:
+    def _propose(self) -> Iterator[list[LayerRoute]]:
         """Yield batches of proposed routes; the first batch must start with the full path."""
 
-    def ask(self) -> list[Path]:
+    def ask(self) -> list[LayerRoute]:
         """The next batch of new distinct routes to evaluate (at most `remaining`); [] once the search is over."""
         if self._pending:
             raise RuntimeError(f"{len(self._pending)} routes asked but not told; call tell(rewards) first")
@@ -153,10 +154,10 @@ def run_searches(searches: Sequence[Search], reward_fn: BatchRewardFn) -> list[S
     return [s.trace() for s in searches]
 
 
-def distinct_random_routes(space: ActionSpace, n: int, rng: random.Random, exclude: set[Path],
-                           max_draws: int) -> list[Path]:
+def distinct_random_routes(space: ActionSpace, n: int, rng: random.Random, exclude: set[LayerRoute],
+                           max_draws: int) -> list[LayerRoute]:
     """Up to n distinct `space.random_route` draws not in `exclude`, from at most max_draws draws."""
-    out: dict[Path, None] = {}
+    out: dict[LayerRoute, None] = {}
     for _ in range(max_draws):
         if len(out) >= n:
             break

@@ -1,7 +1,7 @@
 """Action spaces over layer routes: which routes exist, which are one edit apart, and how to draw one.
 
-A route (`Path`) is a tuple of layer indices run in order; the full path is (0, ..., L-1). Every space
-is a set of routes reachable from the full path by *forward edits*, and `neighbors(path)` lists the
+A route (`reach_lens.routes.LayerRoute`) is a tuple of layer indices run in order; the full path is (0, ..., L-1).
+Every space is a set of routes reachable from the full path by *forward edits*, and `neighbors(path)` lists the
 routes one forward edit away, in a fixed order (so seeded searches are reproducible):
 
 - `SkipOnly`: delete one position. Routes: non-empty strictly increasing subsets of 0..L-1.
@@ -39,13 +39,13 @@ from abc import ABC, abstractmethod
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
-Path = tuple[int, ...]
+from reach_lens.routes import LayerRoute
 
 MAX_SEGMENT = 4
 ROUTE_LAWS = ("geometric", "uniform")
 
 
-def _dedupe(paths: list[Path]) -> list[Path]:
+def _dedupe(paths: list[LayerRoute]) -> list[LayerRoute]:
     return list(dict.fromkeys(paths))
 
 
@@ -64,7 +64,7 @@ class ActionSpace(ABC):
         self.max_len = 2 * n_layers
 
     @property
-    def full_path(self) -> Path:
+    def full_path(self) -> LayerRoute:
         return tuple(range(self.n_layers))
 
     def _in_range(self, path: Sequence[int]) -> bool:
@@ -76,10 +76,10 @@ class ActionSpace(ABC):
         """True if `path` is a route of this space."""
 
     @abstractmethod
-    def neighbors(self, path: Path) -> list[Path]:
+    def neighbors(self, path: LayerRoute) -> list[LayerRoute]:
         """Distinct routes one forward edit away from `path` (never `path` itself), in a fixed order."""
 
-    def check(self, path: Sequence[int]) -> Path:
+    def check(self, path: Sequence[int]) -> LayerRoute:
         """`path` as a tuple of ints; ValueError if it is not a route of this space."""
         try:
             path = tuple(operator.index(l) for l in path)
@@ -89,7 +89,7 @@ class ActionSpace(ABC):
             raise ValueError(f"route {list(path)} is not in the {self.name} space of a {self.n_layers}-layer model")
         return path
 
-    def random_route(self, rng: random.Random) -> Path:
+    def random_route(self, rng: random.Random) -> LayerRoute:
         """Full path plus E uniform random forward edits, E ~ geometric with mean `mean_edits`."""
         q = 1.0 / self.mean_edits
         edits = 1
@@ -104,14 +104,14 @@ class ActionSpace(ABC):
         return path
 
     @abstractmethod
-    def uniform_route(self, rng: random.Random) -> Path:
+    def uniform_route(self, rng: random.Random) -> LayerRoute:
         """A route drawn uniformly from every route of this space (module docstring)."""
 
     @abstractmethod
     def count_routes(self) -> int:
         """How many routes this space holds."""
 
-    def draw_route(self, rng: random.Random, law: str = "geometric") -> Path:
+    def draw_route(self, rng: random.Random, law: str = "geometric") -> LayerRoute:
         """A random route under `law`: "geometric" (`random_route`) or "uniform" (`uniform_route`)."""
         if law == "geometric":
             return self.random_route(rng)
@@ -131,13 +131,13 @@ class SkipOnly(ActionSpace):
     def is_valid(self, path: Sequence[int]) -> bool:
         return self._in_range(path) and all(a < b for a, b in zip(path, path[1:]))
 
-    def neighbors(self, path: Path) -> list[Path]:
+    def neighbors(self, path: LayerRoute) -> list[LayerRoute]:
         path = self.check(path)
         if len(path) == 1:
             return []
         return [path[:i] + path[i + 1:] for i in range(len(path))]
 
-    def uniform_route(self, rng: random.Random) -> Path:
+    def uniform_route(self, rng: random.Random) -> LayerRoute:
         while True:
             bits = rng.getrandbits(self.n_layers)
             if bits:
@@ -155,7 +155,7 @@ class SkipRepeat(ActionSpace):
     def is_valid(self, path: Sequence[int]) -> bool:
         return self._in_range(path) and all(a <= b for a, b in zip(path, path[1:]))
 
-    def neighbors(self, path: Path) -> list[Path]:
+    def neighbors(self, path: LayerRoute) -> list[LayerRoute]:
         path = self.check(path)
         n = len(path)
         out = [path[:i] + path[i + 1:] for i in range(n)] if n > 1 else []
@@ -168,7 +168,7 @@ class SkipRepeat(ActionSpace):
         L = self.n_layers
         return [math.comb(m + L - 1, L - 1) for m in range(1, self.max_len + 1)]
 
-    def uniform_route(self, rng: random.Random) -> Path:
+    def uniform_route(self, rng: random.Random) -> LayerRoute:
         L, counts = self.n_layers, self._per_length()
         u = rng.randrange(sum(counts))
         m = 1
@@ -194,7 +194,7 @@ class Segments(ActionSpace):
     def is_valid(self, path: Sequence[int]) -> bool:
         return self._in_range(path) and _parses(tuple(path), self.n_layers)
 
-    def neighbors(self, path: Path) -> list[Path]:
+    def neighbors(self, path: LayerRoute) -> list[LayerRoute]:
         path = self.check(path)
         counts = [0] * self.n_layers
         for layer in path:
@@ -220,7 +220,7 @@ class Segments(ActionSpace):
             f[i] = 2 * f[i + 1] + sum(f[i + s] for s in range(1, min(MAX_SEGMENT, L - i) + 1))
         return f
 
-    def uniform_route(self, rng: random.Random) -> Path:
+    def uniform_route(self, rng: random.Random) -> LayerRoute:
         L, f = self.n_layers, self._descriptions()
         while True:
             route: list[int] = []
@@ -250,7 +250,7 @@ class Segments(ActionSpace):
 
 
 @lru_cache(maxsize=65536)
-def _parses(path: Path, n_layers: int) -> bool:
+def _parses(path: LayerRoute, n_layers: int) -> bool:
     """Whether `path` is a concatenation, over layers 0..L-1 in order, of segments of 1-4 consecutive
     layers, each skipped (absent), kept (once) or repeated (twice)."""
     seen: set[tuple[int, int]] = set()
