@@ -1,6 +1,6 @@
 """Prompt prefill under routes and hooks, sharing every computation that cannot differ.
 
-Three kinds of sharing, all exact:
+Four kinds of sharing, all exact:
 
 - **clean prefix**: blocks before the first hooked layer ``h`` compute the same thing with or without the
   call's hooks. For each prompt, the residual entering every block and the keys/values of every block of
