@@ -35,7 +35,6 @@ from tqdm import tqdm
 from reach_lens import probes
 from reach_lens.generate import engine_for
 from reach_lens.parallel import LocalPool
-from reach_lens.plots import save
 from reach_lens.records import make_record
 from reach_lens.select import majority_vote
 from reach_lens.store import RunStore
@@ -133,6 +132,9 @@ def summary_dir(root: Path, protocols: Sequence[Any], name: str = "summary") -> 
 def publish(figures: Path, drawn: Mapping[Path, Any]) -> list[Path]:
     """Save each figure of ``drawn`` (``{path in a run's summary directory: matplotlib Figure}``) there and copy it
     into ``figures`` under the same name; returns the saved paths."""
+    # imported here, so that matplotlib loads only where a figure is saved (it was drawn with it anyway)
+    from reach_lens.plots import save
+
     figures.mkdir(parents=True, exist_ok=True)
     for path, fig in drawn.items():
         shutil.copyfile(save(fig, path), figures / Path(path).name)
