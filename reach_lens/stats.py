@@ -229,17 +229,34 @@ def paired_comparison(a: Sequence[bool] | np.ndarray, b: Sequence[bool] | np.nda
             "a_only": n12, "b_only": n21, "both": n11, "neither": n22}
 
 
+def paired_direction(result: Mapping, alpha: float = 0.05) -> str:
+    """The side a `paired_comparison` ``result`` favours by its exact test: ``"a"`` or ``"b"`` (the larger
+    discordant count) only when p < ``alpha``, else ``"tie"``. Every study's A-vs-B verdict is this rule."""
+    if result["p"] >= alpha:
+        return "tie"
+    return "a" if result["a_only"] > result["b_only"] else "b"
+
+
+def significance_words(result: Mapping, alpha: float = 0.05, names: tuple[str, str] = ("A", "B")) -> str:
+    """The test's verdict in words, the one wording every study prints: ``"A higher, significant at 0.05
+    (p = 0.003)"`` or ``"not significant at 0.05 (p = 0.077)"`` (`paired_direction`)."""
+    way, p = paired_direction(result, alpha), p_text(result["p"])
+    if way == "tie":
+        return f"not significant at {alpha:g} ({p})"
+    return f"{names[0] if way == 'a' else names[1]} higher, significant at {alpha:g} ({p})"
+
+
 def paired_verdict(result: Mapping, alpha: float = 0.05, names: tuple[str, str] = ("A", "B")) -> str:
-    """The words of a `paired_comparison` ``result``, from its test: e.g. ``"A − B = +8.0 pp [+0.0, +15.9],
-    p = 0.077 (12 vs 4 discordant): not significant at 0.05"``, or ``"...: A higher, significant at 0.05"``
-    when p < ``alpha`` (the side named by the discordant counts)."""
+    """A `paired_comparison` ``result`` in one line: e.g. ``"A − B = +8.0 pp [+0.0, +15.9] (12 vs 4 discordant):
+    not significant at 0.05 (p = 0.077)"`` (the verdict from `significance_words`)."""
     a, b = names
-    head = (f"{a} − {b} = {100 * result['diff']:+.1f} pp [{100 * result['lo']:+.1f}, {100 * result['hi']:+.1f}], "
-            f"p = {format_p(result['p'])} ({result['a_only']} vs {result['b_only']} discordant)")
-    if result["p"] < alpha:
-        higher = a if result["a_only"] > result["b_only"] else b
-        return f"{head}: {higher} higher, significant at {alpha:g}"
-    return f"{head}: not significant at {alpha:g}"
+    return (f"{a} − {b} = {100 * result['diff']:+.1f} pp [{100 * result['lo']:+.1f}, {100 * result['hi']:+.1f}] "
+            f"({result['a_only']} vs {result['b_only']} discordant): {significance_words(result, alpha, names)}")
+
+
+def p_text(p: float) -> str:
+    """A p-value in a sentence: ``"p = 0.077"``, or ``"p < 0.001"`` below that (`format_p`)."""
+    return f"p {format_p(p)}" if p < 0.001 else f"p = {format_p(p)}"
 
 
 def format_p(p: float) -> str:

@@ -60,11 +60,19 @@ def test_verdict_claims_a_locus_only_above_every_runner_up():
     tie = localize.margins(identified, {"attention 7": outcomes("0" * 20), "MLP 8": outcomes("1" * 19 + "0")})
     v = localize.verdict("MLP 5", RATES, tie)
     assert not v["locus"] and v["ties"] == ["MLP 8"]
-    assert v["text"].startswith("No locus claimed for MLP 5: MLP 8 (p = 1.000) ties with it")  # 1 vs 0 discordant
+    assert v["text"].startswith("No locus claimed for MLP 5: MLP 8 ties with it: not significant at 0.05 (p = 1.000)")
+
+    # 4 vs 0 discordant: Newcombe's interval excludes 0 but the exact test (p = 0.125) does not reject; the verdict
+    # is the test's, as in every study
+    edge = localize.margins(outcomes("1" * 16), {"MLP 9": outcomes("1" * 12 + "0" * 4)})
+    assert edge.iloc[0]["lo"] > 0 and edge.iloc[0]["p"] == pytest.approx(0.125)
+    v = localize.verdict("MLP 5", RATES, edge)
+    assert not v["locus"] and v["ties"] == ["MLP 9"]
 
     beaten = localize.margins(outcomes("0" * 20), {"attention 7": outcomes("1" * 20)})
     v = localize.verdict("MLP 5", RATES, beaten)
-    assert not v["locus"] and v["beaten_by"] == ["attention 7"] and "repairs more" in v["text"]
+    assert not v["locus"] and v["beaten_by"] == ["attention 7"]
+    assert "attention 7 higher, significant at 0.05 (p < 0.001)" in v["text"]
 
     breaks_everything = {**RATES, "breakage": 1.0, "breakage_lo": 0.8, "breakage_hi": 1.0}
     v = localize.verdict("MLP 5", breaks_everything, clear)

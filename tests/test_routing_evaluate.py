@@ -223,7 +223,7 @@ def test_routing_analysis_oracle_vote_and_differences():
     # two questions, random alone reaches one: 1 vs 0 discordant, exact McNemar p = 1, Newcombe interval around 0
     assert (diff.random_only, diff.structured_only, diff.both, diff.neither, diff.p) == (1, 0, 1, 0, 1.0)
     assert diff["diff_lo"] < 0 < diff["diff_hi"]
-    assert analysis.direction_text(diff) == "tie: not significant at 0.05 (p = 1.000)"
+    assert analysis.direction_text(diff) == "not significant at 0.05 (p = 1.000)"
     assert (counts.random_better, counts.tie, counts.structured_better) == (0, 1, 0)
     t1 = tables["table1"].set_index("task")
     row = t1.loc["arc_easy"]
@@ -262,7 +262,8 @@ def test_a_direction_needs_the_exact_paired_test_below_005():
     assert [analysis.direction(r) for _, r in diffs.iterrows()] == [
         "random_better", "tie", "structured_better", "tie", "tie"]
     assert [analysis.direction_text(r) for _, r in diffs.iterrows()][:3] == [
-        "random reaches more (p = 0.021)", "tie: not significant at 0.05 (p = 0.077)", "mcts reaches more (p = 0.031)"]
+        "random higher, significant at 0.05 (p = 0.021)", "not significant at 0.05 (p = 0.077)",
+        "mcts higher, significant at 0.05 (p = 0.031)"]
     c = analysis.direction_counts(diffs).iloc[0]
     assert (c.random_better, c.tie, c.structured_better, c.clean_cells) == (1, 3, 1, 5)
 

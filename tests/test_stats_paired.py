@@ -34,7 +34,9 @@ def test_routing_squad_cell_12_vs_4_discordant():
     # a documented disagreement: the interval just excludes 0 while the exact test does not reject at 0.05
     assert m["lo"] > 0 and m["p"] > 0.05
     words = stats.paired_verdict(m, names=("random", "MCTS"))
-    assert words == "random − MCTS = +8.0 pp [+0.0, +15.9], p = 0.077 (12 vs 4 discordant): not significant at 0.05"
+    assert words == "random − MCTS = +8.0 pp [+0.0, +15.9] (12 vs 4 discordant): not significant at 0.05 (p = 0.077)"
+    # the interval excludes 0 yet the verdict is the test's: a tie for every study's rule
+    assert stats.paired_direction(m) == "tie"
 
 
 def test_swapping_a_and_b_negates_the_difference_swaps_the_bounds_and_keeps_p():
@@ -94,7 +96,8 @@ def test_words_name_the_higher_side_only_when_significant():
     m = stats.paired_comparison(*table(10, 3, 13, 74))
     words = stats.paired_verdict(m, names=("trained", "base"))
     assert words.startswith("trained − base = -10.0 pp [") and words.endswith(
-        "p = 0.021 (3 vs 13 discordant): base higher, significant at 0.05")
-    assert stats.paired_verdict(m, alpha=0.01).endswith("not significant at 0.01")
+        "(3 vs 13 discordant): base higher, significant at 0.05 (p = 0.021)")
+    assert stats.paired_direction(m) == "b" and stats.paired_direction(m, alpha=0.01) == "tie"
+    assert stats.paired_verdict(m, alpha=0.01).endswith("not significant at 0.01 (p = 0.021)")
     assert stats.format_p(1e-5) == "< 0.001" and stats.format_p(0.0768) == "0.077"
     assert math.isclose(stats.mcnemar_p(13, 3), 2 * sum(math.comb(16, i) for i in range(4)) / 2 ** 16)

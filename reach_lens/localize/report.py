@@ -12,7 +12,7 @@ from reach_lens import plots
 from reach_lens.localize.panels import HEALTHY_RULE_TEXT, format_failures, panel_sizes
 from reach_lens.localize.units import UNIT_RANK_TEXT
 from reach_lens.localize.verdict import RULE_TEXT, identify_layer
-from reach_lens.stats import format_p
+from reach_lens.stats import p_text
 
 
 @dataclass
@@ -51,7 +51,7 @@ def rate_text(row, name: str) -> str:
 
 
 def margin_text(m) -> str:
-    return (f"{m['diff'] * 100:+.1f} pp [{m['lo'] * 100:+.1f}, {m['hi'] * 100:+.1f}], p = {format_p(m['p'])} "
+    return (f"{m['diff'] * 100:+.1f} pp [{m['lo'] * 100:+.1f}, {m['hi'] * 100:+.1f}], {p_text(m['p'])} "
             f"({int(m['a_only'])} vs {int(m['b_only'])} repaired by one only)")
 
 

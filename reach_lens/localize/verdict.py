@@ -3,8 +3,9 @@
 The layer and the runner-ups are chosen on the calibration sweep; margins and the verdict use the evaluation
 questions only. A **margin** is the paired difference of repair rates between the identified block and a
 runner-up over the same evaluation failures (`stats.paired_comparison`): Newcombe's (1998) square-and-add
-interval for paired proportions and the exact McNemar p-value. A locus is claimed only when every evaluated runner-up's
-margin interval lies above zero and the block's repair lies above its own breakage.
+interval for paired proportions and the exact McNemar p-value. A locus is claimed only when the identified block
+repairs more than every evaluated runner-up by the exact test at 0.05 (`stats.paired_direction`, the rule of every
+A-vs-B verdict) and its repair interval lies above its own breakage interval.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from reach_lens.stats import format_p, paired_comparison
+from reach_lens.stats import paired_comparison, paired_direction, significance_words
 
 LAYER_RULES = ("net", "repair")
 RULE_TEXT = {"net": "largest repair minus healthy breakage", "repair": "largest repair (the paper's rule)"}
@@ -91,24 +92,20 @@ def verdict(identified: str, rates: dict, margin_table: pd.DataFrame) -> dict:
     """Whether ``identified`` (a name) is a locus, from its evaluation ``rates`` (repair/breakage with intervals)
     and its ``margin_table`` over the runner-ups.
 
-    Returns locus (bool), ties (runner-ups whose margin interval contains 0), beaten_by (margin interval below
-    0), selective (repair interval above the breakage interval) and a sentence.
+    Returns locus (bool), ties (runner-ups whose exact paired test of the repair difference is not significant at
+    0.05, `stats.paired_direction`), beaten_by (significant in the runner-up's favour), selective (repair interval above the breakage interval) and a sentence.
     """
-    ties = [r.name for r in margin_table.itertuples() if r.lo <= 0 <= r.hi]
-    beaten = [r.name for r in margin_table.itertuples() if r.hi < 0]
-    p_of = {r.name: f"{r.name} (p = {format_p(r.p)})" for r in margin_table.itertuples()}
+    ways = {r.name: paired_direction(r._asdict()) for r in margin_table.itertuples()}
+    ties = [name for name, way in ways.items() if way == "tie"]
+    beaten = [name for name, way in ways.items() if way == "b"]
+    words = {r.name: significance_words(r._asdict(), names=(identified, r.name)) for r in margin_table.itertuples()}
     selective = bool(rates["repair_lo"] > rates["breakage_hi"])
     locus = bool(len(margin_table)) and not ties and not beaten and selective
     if locus:
         text = (f"{identified} is a locus: on the evaluation failures it repairs more than every runner-up (each "
-                "paired 95% interval above 0) and its repair interval lies above its breakage interval.")
+                "exact paired test significant at 0.05) and its repair interval lies above its breakage interval.")
     else:
-        reasons = []
-        if ties:
-            reasons.append(f"{', '.join(p_of[t] for t in ties)} tie{'s' if len(ties) == 1 else ''} with it (paired 95% interval of the "
-                           "repair difference contains 0)")
-        if beaten:
-            reasons.append(f"{', '.join(p_of[t] for t in beaten)} repair{'s' if len(beaten) == 1 else ''} more (interval below 0)")
+        reasons = [f"{t} ties with it: {words[t]}" for t in ties] + [words[t] for t in beaten]
         if not selective:
             reasons.append("its repair interval does not lie above its breakage interval")
         text = f"No locus claimed for {identified}: " + "; ".join(reasons or ["no runner-up was evaluated"]) + "."

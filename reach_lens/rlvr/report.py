@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reach_lens.stats import format_p
+from reach_lens.stats import p_text
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -37,7 +37,7 @@ def _pp(row: pd.Series, m: str) -> str:
     trained / only the base side gets) beside it when the row has them."""
     text = f"{100 * row[m]:+.1f} pp [{100 * row[f'{m}_lo']:+.1f}, {100 * row[f'{m}_hi']:+.1f}]"
     if pd.notna(row.get(f"{m}_p")):
-        text += f", p = {format_p(row[f'{m}_p'])}"
+        text += f", {p_text(row[f'{m}_p'])}"
     if pd.notna(row.get(f"{m}_gained")):
         text += f" ({int(row[f'{m}_gained'])} vs {int(row[f'{m}_lost'])})"
     return text

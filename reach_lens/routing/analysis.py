@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from reach_lens.stats import format_p, paired_comparison, wilson_band, wilson_interval
+from reach_lens.stats import format_p, paired_comparison, paired_direction, significance_words, wilson_band, wilson_interval
 from reach_lens.select import majority_vote, recovery, recovery_table
 
 GAINS_SPACE = "skip_repeat"
@@ -165,22 +165,22 @@ def analyse(cells: Mapping[tuple[str, str], dict], spaces: Sequence[str], method
             "table1": gains_over_unmodified(cells, gains_space(spaces), methods, K, vote_k, mcts_k, random_method)}
 
 
+def _as_paired(row) -> dict:
+    """A `random_minus_structured` row in `stats.paired_comparison`'s words (random is a, structured b)."""
+    return {"p": row["p"], "a_only": row["random_only"], "b_only": row["structured_only"]}
+
+
 def direction(row, alpha: float = ALPHA) -> str:
     """A cell's direction, from the exact McNemar test of O_random(K) vs O_structured(K) (``p``, ``random_only``,
-    ``structured_only``): ``"random_better"`` or ``"structured_better"`` only when p < ``alpha``, on the side of
-    the larger discordant count, else ``"tie"`` (not significant, as every cell of a handful of questions is)."""
-    if row["p"] >= alpha:
-        return "tie"
-    return "random_better" if row["random_only"] > row["structured_only"] else "structured_better"
+    ``structured_only``; `stats.paired_direction`): ``"random_better"`` or ``"structured_better"`` only when
+    p < ``alpha``, else ``"tie"`` (not significant, as every cell of a handful of questions is)."""
+    return {"a": "random_better", "b": "structured_better", "tie": "tie"}[paired_direction(_as_paired(row), alpha)]
 
 
 def direction_text(row, alpha: float = ALPHA) -> str:
-    """A cell's direction in words, from the test: ``"random reaches more (p = 0.003)"``, ``"<method> reaches
-    more (p = ...)"``, or ``"tie: not significant at 0.05 (p = 0.077)"``."""
-    way, p = direction(row, alpha), format_p(row["p"])
-    if way == "tie":
-        return f"tie: not significant at {alpha:g} (p = {p})"
-    return f"{'random' if way == 'random_better' else row['method']} reaches more (p = {p})"
+    """A cell's direction in words (`stats.significance_words`): ``"random higher, significant at 0.05
+    (p = 0.003)"``, ``"<method> higher, ..."`` or ``"not significant at 0.05 (p = 0.077)"``."""
+    return significance_words(_as_paired(row), alpha, ("random", row["method"]))
 
 
 def comparison_lines(diffs: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
