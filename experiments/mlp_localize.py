@@ -5,6 +5,7 @@
     python experiments/mlp_localize.py --task piqa --planted-units 12 --n 400             # selective control
     python experiments/mlp_localize.py --units sae --sae saes/l20-mlp_out                # top-k SAE latents
     python experiments/mlp_localize.py --model path/to/ckpt --task arc_challenge --source data/arc/
+    python experiments/mlp_localize.py --prune 0.3 --prune-created --n 1000   # failures that pruning creates
 
 Recipe (each condition's per-question answers are stored as computed; a rerun computes nothing twice):
  1. screen n questions (``--n all``: every one): recognition (gold option ranked first by likelihood) and greedy
@@ -78,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sae", type=cli.existing_path, default=None, metavar="PATH",
                    help="SAELens directory of an SAE at blocks.L.hook_mlp_out (with --units sae; needs the [sae] extra)")
     p.add_argument("--prune", type=cli.share, default=None, help="study a magnitude-pruned copy (MLP sparsity)")
+    p.add_argument("--prune-created", action="store_true",
+                   help="with --prune, the source study's construction: screen the pruned copy only on the questions "
+                        "the unpruned model recognizes and generates, so every failure is one pruning created")
     plant = p.add_mutually_exclusive_group()
     plant.add_argument("--planted", type=cli.nonnegative_int, default=None, metavar="LAYER",
                        help="easy positive control: an output-bias push towards one letter in the MLP of LAYER")
@@ -90,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.units == "sae") != (args.sae is not None):
         p.error("--units sae and --sae PATH go together (the latents of the SAE at PATH replace MLP units)")
+    if args.prune_created and not args.prune:
+        p.error("--prune-created needs --prune SPARSITY (the failures a pruned copy makes on what the model answers)")
+    if args.prune_created and (args.planted is not None or args.planted_units is not None):
+        p.error("--prune-created and --planted/--planted-units are two constructions of one failure set; choose one")
     return args
 
 
@@ -114,7 +122,7 @@ def main(argv=None) -> int:
     say(f"loading model {args.model or 'smollm2-135m-instruct (embedded)'}")
     model = cli.load(args)
     args.fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer)  # auto: chat template, or plain text
-    if args.prune:
+    if args.prune and not args.prune_created:  # pruning-created failures: the unpruned model screens first
         model = prune_magnitude(model, args.prune)
     sae = load_unit_sae(args.sae, model) if args.sae else None
     plant, plant_layer = ("bias", args.planted) if args.planted is not None else ("units", args.planted_units)
@@ -127,6 +135,8 @@ def main(argv=None) -> int:
                                               "max_calibration", "calibration_share", "alphas", "unit_k",
                                               "unit_rank", "random_seeds", "prune", "planted", "planted_units",
                                               "planted_k", "planted_share", "planted_strength", "units")}
+    if args.prune_created:  # only when set, so that every other run keeps its protocol
+        settings["prune_created"] = True
     if sae is not None:  # which SAE's latents the units step silences: another SAE is another run
         from reach_lens.sae import describe_sae
         settings["sae"] = describe_sae(sae)
@@ -136,6 +146,7 @@ def main(argv=None) -> int:
     tag = f"{model.cfg.model_name}-{task.name}-n{len(questions)}-s{args.seed}"
     tag += "" if plant_layer is None else f"-planted{'-units' if plant == 'units' else ''}{plant_layer}"
     tag += "" if sae is None else f"-sae{settings['sae']['weights'][:8]}"
+    tag += "" if not args.prune else f"-prune{args.prune:g}" + ("-created" if args.prune_created else "")
     run_dir = args.out / tag
     store = RunStore(run_dir, protocol)
     say(f"run directory {run_dir} (resumes if interrupted)")
@@ -159,6 +170,17 @@ def main(argv=None) -> int:
         planted["base_correct"], questions = base_correct, pool
         store = RunStore(run_dir / "planted_model", protocol.replace(
             weights=model_fingerprint(model), settings={**protocol.settings, "planted_strength": planted["strength"]}))
+
+    pruned = None
+    if args.prune_created:  # the source study's pruned case: failures pruning creates among what the model answers
+        base = screen(model, store, "screen_unpruned", recognize="generated")
+        pool = localize.answered(questions, base)
+        model = prune_magnitude(model, args.prune)
+        pruned = {"sparsity": args.prune, "screened": len(questions), "pool": len(pool)}
+        say(f"pool: {len(pool)} of {len(questions)} questions the unpruned model recognizes and generates; "
+            f"screening the {args.prune:.0%}-MLP-pruned copy on them")
+        questions = pool
+        store = RunStore(run_dir / "pruned_model", protocol.replace(weights=model_fingerprint(model)))
 
     # 1. screen and panels, fixed before any intervention
     screened = screen(model, store, "screen")
@@ -204,7 +226,7 @@ def main(argv=None) -> int:
     study = localize.Study(tag=tag, settings={**vars(args), "layers": layers}, screened=screened, panels=panels,
                            eligible=eligible, sweep=sweep, layer=layer, evaluation=evaluation, margins=margins,
                            verdict=verdict, baseline=localize.baseline_check(conditions), v_info=v_info,
-                           steering=steering, doses=doses, units=units, planted=planted,
+                           steering=steering, doses=doses, units=units, planted=planted, pruned=pruned,
                            units_layer=None if units_layer == layer else units_layer,
                            elapsed_s=time.time() - started,
                            peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

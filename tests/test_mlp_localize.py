@@ -1,5 +1,6 @@
 """End-to-end runs of experiments/mlp_localize.py on the embedded model (small n; the model loaded once per session)."""
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -118,6 +119,39 @@ def test_a_too_small_panel_stops_the_run_before_any_intervention(tmp_path, monke
         script.main(args)
 
 
+@pytest.mark.heavy(90)
+@pytest.mark.integration
+def test_pruning_created_failures_are_screened_on_what_the_unpruned_model_answers(tmp_path, monkeypatch, script):
+    """--prune-created: the unpruned model screens every question; the pruned copy screens only those it recognizes
+    and generates, in its own store, so each failure of its panels is one pruning created."""
+    from reach_lens import localize
+
+    class Panels(Exception):
+        pass
+
+    def stop_at_the_panel_check(panels, *a):
+        raise Panels(panels)
+
+    monkeypatch.setattr(localize, "check_panels", stop_at_the_panel_check)
+    args = [*small_args(tmp_path), "--prune", "0.5", "--prune-created"]
+    with pytest.raises(Panels) as stopped:
+        script.main(args)
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert run_dir.name.endswith("-prune0.5-created")
+    unpruned = pd.read_parquet(run_dir / "screen_unpruned").sort_values("question_id")
+    pruned = pd.read_parquet(run_dir / "pruned_model" / "screen")
+    recognized = unpruned.recognized.map(lambda r: bool(r) if pd.notna(r) else False)
+    pool = unpruned.question_id[recognized & unpruned.generated.astype(bool)]
+    assert len(unpruned) == 50 and 0 < len(pool) < 50
+    assert sorted(pruned.question_id) == sorted(pool)  # the pruned copy is screened on the pool only
+    assert not pruned.generated.all()  # pruning at 50% breaks some of what the model answered
+    panels = stopped.value.args[0]
+    failures = set(panels.question_id[panels.panel == "failure"])
+    assert failures <= set(pool) and set(panels.question_id) <= set(pool)
+    weights = [json.loads((d / "protocol.json").read_text())["protocol"]["weights"] for d in (run_dir, run_dir / "pruned_model")]
+    assert weights[0] != weights[1]
+
+
 @pytest.mark.heavy(200)
 @pytest.mark.integration
 def test_bias_push_control_is_localized_to_its_mlp(tmp_path, script):
@@ -191,7 +225,8 @@ def test_units_step_over_sae_latents_end_to_end_and_each_sae_is_its_own_run(tmp_
                                  ["--calibration-share", "1"], ["--planted", "3", "--planted-units", "4"],
                                  ["--healthy-rule", "both"], ["--layer-rule", "biggest"], ["--prune", "1.5"],
                                  ["--units", "sae", "--sae", "/no/such/sae"], ["--units", "latents"],
-                                 ["--units", "sae"], ["--unit-rank", "mass"]])
+                                 ["--units", "sae"], ["--unit-rank", "mass"], ["--prune-created"],
+                                 ["--prune", "0.3", "--prune-created", "--planted", "3"]])
 def test_bad_arguments_are_refused_before_anything_loads(bad, capsys):
     with pytest.raises(SystemExit) as stop:
         load_script().parse_args(bad)

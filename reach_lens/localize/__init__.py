@@ -15,7 +15,7 @@ positive controls), ``report`` (tables, figures, summary).
 from reach_lens.localize.activations import (last_prompt_activations, last_prompt_logits, mlp_direction,
                                              perturbed_last_activations)
 from reach_lens.localize.conditions import Conditions, panel_rates
-from reach_lens.localize.controls import PLANTS, control_pool, plant_control
+from reach_lens.localize.controls import PLANTS, answered, control_pool, plant_control
 from reach_lens.localize.panels import (HEALTHY_RULES, RECOGNITION_RULES, PanelTooSmall, build_panels, check_panels,
                                         format_failures, panel_masks, panel_sizes, screen, split_value)
 from reach_lens.localize.plants import UnitPlant, answer_push, plant_answer_failure, plant_unit_failure, trigger_units
@@ -29,7 +29,7 @@ from reach_lens.localize.verdict import (LAYER_RULES, identify_layer, margins, r
 
 __all__ = ["COMPONENT_SITES", "Conditions", "HEALTHY_RULES", "LAYER_RULES", "PLANTS", "PanelTooSmall",
            "RECOGNITION_RULES", "SWEPT", "Study", "UNIT_RANKS", "UnitPlant", "answer_push", "baseline_check",
-           "build_panels", "calibration_prompts", "check_layers", "check_panels", "control_pool", "evaluate_choice",
+           "answered", "build_panels", "calibration_prompts", "check_layers", "check_panels", "control_pool", "evaluate_choice",
            "format_failures", "identify_layer", "last_prompt_activations", "last_prompt_logits", "margins",
            "mlp_direction", "panel_masks", "panel_rates", "panel_sizes", "parse_layers",
            "perturbed_last_activations", "plant_answer_failure", "plant_control", "plant_unit_failure", "runner_ups",

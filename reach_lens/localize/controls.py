@@ -64,12 +64,19 @@ def _chosen(kind: str, tried: list[dict]) -> dict:
     return max(eligible, key=lambda t: (round(_selectivity(t), 9), -t["strength"]))
 
 
+def answered(questions: Sequence[Question], base_screen: pd.DataFrame) -> list[Question]:
+    """The ``questions`` (in order) that ``base_screen`` (a `screen` table of the unedited model) finds recognized
+    and generated correctly: the pool of a planted control, and the questions whose failures a pruned copy creates
+    (recognition unmeasured, as ``recognize="generated"`` leaves it for questions not generated, counts as not)."""
+    recognized = base_screen.recognized.map(lambda r: bool(r) if pd.notna(r) else False)
+    both = set(base_screen.question_id[recognized & base_screen.generated.astype(bool)])
+    return [q for q in questions if q.id in both]
+
+
 def control_pool(model: HookedTransformer, task: Task, questions: Sequence[Question], base_screen: pd.DataFrame,
                  fmt: str, layer: int, store: RunStore, batch_size: int = 16) -> tuple[list[Question], int]:
     """The pool (module docstring) and how many questions the unedited model recognizes and generates."""
-    recognized = base_screen.recognized.map(lambda r: bool(r) if pd.notna(r) else False)  # None: not measured
-    both = set(base_screen.question_id[recognized & base_screen.generated.astype(bool)])
-    correct = [q for q in questions if q.id in both]
+    correct = answered(questions, base_screen)
     done = store.read("without_block")
     todo = [q for q in correct if q.id not in set(done.get("question_id", []))]
     if todo:

@@ -35,6 +35,7 @@ class Study:
     doses: dict
     units: pd.DataFrame
     planted: dict | None = None
+    pruned: dict | None = None  # pruning-created failures: sparsity, questions screened unpruned, pool
     units_layer: int | None = None  # where the units step ran when not at ``layer`` (an SAE at another MLP)
     elapsed_s: float = 0.0
     peak_mb: float = 0.0
@@ -189,6 +190,17 @@ def _planted(s: Study) -> tuple[list[str], list[str]]:
     return head, tail
 
 
+def _pruned(s: Study) -> list[str]:
+    """The pruning-created construction in words, or nothing for any other run."""
+    p, scr = s.pruned, s.screened
+    if not p:
+        return []
+    return [f"Pruning-created failures (the source study's construction): the unpruned model recognizes and generates "
+            f"{p['pool']} of {p['screened']} screened questions (the pool); its MLP weights magnitude-pruned at "
+            f"{p['sparsity']:.0%}, it still recognizes {scr.recognized.mean():.1%} of the pool and generates "
+            f"{scr.generated.mean():.1%}, so every failure below is one pruning created.", ""]
+
+
 def _format_failures(s: Study) -> str:
     """How many failure questions had a greedy answer no letter was read from, and what the run did with them."""
     scr, panels = s.screened, s.panels
@@ -207,7 +219,7 @@ def summary(s: Study) -> str:
     st, scr = s.settings, s.screened
     sizes = panel_sizes(s.panels)
     head, tail = _planted(s)
-    lines = [f"# MLP localization: {s.tag}", "", *head,
+    lines = [f"# MLP localization: {s.tag}", "", *head, *_pruned(s),
              f"Screened n={len(scr)} questions ({st['task']}, format {st['fmt']}, recognition by {st['recognition']} "
              f"log-likelihood): recognition {scr.recognized.mean():.1%}, greedy generation {scr.generated.mean():.1%}, "
              f"generation format failures {1 - scr.gen_format_ok.mean():.1%}.",
@@ -233,10 +245,13 @@ def write_outputs(s: Study, run_dir: Path, figures: Path) -> str:
               "margins": s.margins, "steering": s.steering, "units": s.units}
     for name, table in tables.items():
         table.to_csv(run_dir / f"{name}.csv", index=False)
+    sizes = panel_sizes(s.panels)
+    cal, ev = sizes["failure", "calibration"], sizes["failure", "evaluation"]  # of the eligible, as Figure 4b counts
     marks = [(r.component, int(r.layer), r.label) for r in s.evaluation.itertuples() if r.label != "identified"
              and r.component != "layer"]
     drawn = {
-        "layer_sweep": plots.plot_layer_sweep(s.sweep, marked_layer=s.layer, title=f"Silencing by layer: {s.tag}",
+        "layer_sweep": plots.plot_layer_sweep(s.sweep, marked_layer=s.layer, title=f"Silencing by layer: {s.tag}; "
+                                              f"failures evaluated/eligible {cal}+{ev}/{s.eligible['failure']}",
                                               runner_ups=marks, evaluation=s.evaluation),
         "steering": plots.plot_steering(s.steering, doses=s.doses, title=f"Steering along v at MLP {s.layer}: {s.tag}"),
         "units": plots.plot_units_vs_block(s.units, title=f"{s.units.space.iloc[0]} along v at MLP "
