@@ -22,7 +22,10 @@ Outputs (resumable runs under <out>/<task>-n<n>-K<K>-T<T>-s<seed>/<checkpoint>/:
   fates.csv (Figure 6a; gains from base-reachable questions against two nulls: independence, and resampling with
   the base's hit rate over its 2K samples), table6_budget.csv, table7_lineage.csv, table8_format_transfer.csv,
   propensity.csv (Figure 7, at K and at 2K), reach_curves.csv (reach@k, k = 1..2K, per checkpoint), crossover.csv
-  (per trained checkpoint: the k where the base's reach@k overtakes, or the smallest gap), questions.csv (per
+  (per trained checkpoint: the k where the base's reach@k overtakes, or the smallest gap), reach_difference.csv
+  (base − trained reach@k, k = 1..2K, with a pointwise paired bootstrap band), narrowing.csv (per trained
+  checkpoint: its lead at its peak minus at k = 2K, with an interval that picks the peak again in every resample;
+  "narrows" only where it excludes 0; every reach@k from all 2K samples), questions.csv (per
   question and checkpoint: base and trained D, hits/K, O at K and over 2K, fate), summary.md; figures
   rlvr_fates_*, rlvr_changes_*, rlvr_propensity_*, rlvr_lineage_*, rlvr_reach_curves_*.
 With a multiple-choice task every oracle is printed beside the uniform guesser's floor 1 - (1 - 1/m)^K.
@@ -157,7 +160,8 @@ def main(argv=None) -> int:
     for name, table in t.items():
         table.to_csv(summary / f"{name}.csv", index=False)
     text = report(t["table5"], t["fates"], t["table6_budget"], t["table7_lineage"], t.get("table8_format_transfer"),
-                  t["propensity"], args.K, args.T, args.fmt, args.control_fmt, PAPER, t["crossover"])
+                  t["propensity"], args.K, args.T, args.fmt, args.control_fmt, PAPER, t["crossover"],
+                  t["reach_difference"], t["narrowing"])
     (summary / "summary.md").write_text(text)
     base_name = protocols[0].model
     tag = f"{base_name}-{task.name}-n{len(questions)}-K{args.K}"
@@ -168,8 +172,8 @@ def main(argv=None) -> int:
         summary / f"rlvr_propensity_{tag}.png": plots.plot_rlvr_propensity(
             t["propensity"], title=f"Realization after training by base hit rate, {what}"),
         summary / f"rlvr_lineage_{tag}.png": plots.plot_rlvr_lineage(t["table7_lineage"], title=f"Lineage, {what}"),
-        summary / f"rlvr_reach_curves_{tag}.png": plots.plot_rlvr_reach_curves(t["reach_curves"], t["crossover"],
-                                                                              title=f"reach@k, {what}")})
+        summary / f"rlvr_reach_curves_{tag}.png": plots.plot_rlvr_reach_curves(
+            t["reach_curves"], t["crossover"], t["reach_difference"], t["narrowing"], title=f"reach@k, {what}")})
     print("\n" + text, flush=True)
     SAY(f"{(time.time() - started) / 60:.1f} min; tables in {summary}, figures in {args.figures}")
     SAY(f"report: {write_report(summary)}")

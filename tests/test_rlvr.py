@@ -284,8 +284,9 @@ def test_reach_curves_and_crossovers_from_records():
 
     fates = tables.fates_table({p: (checkpoints["base"], checkpoints[p]) for p in ("cross", "ahead")})
     lines = lineages(fates, cross.reset_index())
-    assert lines[0].startswith("- **cross**: the base's reach@k overtakes at k = 3 (of K = 4 samples)")
-    assert "no crossover up to K = 4 samples; smallest gap trained − base +25.0 pp" in lines[1]
+    assert lines[0].startswith("- **cross**: the base's reach@k overtakes at k = 3 (of 2K = 4 samples)")
+    assert "no crossover up to 2K = 4 samples; smallest gap trained − base +25.0 pp" in lines[1]
+    assert "narrows" not in " ".join(lines)  # no narrowing without its test (`tables.reach_leads`)
     assert all("if the trained greedy answer were one of the base's samples" in line for line in lines)
     with pytest.raises(ValueError, match="not among the checkpoints"):
         tables.crossovers(checkpoints, "missing")
@@ -639,20 +640,22 @@ def test_reach_curve_figure_draws_each_curve_and_the_crossover(tmp_path):
     checkpoints = reach_lineages()
     curves = tables.reach_curves(checkpoints, n_boot=100).assign(T=0.8)
     cross = tables.crossovers(checkpoints, "base", n_boot=100).assign(T=0.8)
-    fig = plots.plot_rlvr_reach_curves(curves, cross, tmp_path / "reach.png")
-    assert (tmp_path / "reach.png").exists() and len(fig.axes) == 2
-    for ax, pair_label in zip(fig.axes, ["cross", "ahead"]):
+    leads = tables.reach_leads(checkpoints, "base", K=2, n_boot=100)  # records of 2K = 4 samples
+    fig = plots.plot_rlvr_reach_curves(curves, cross, *leads, tmp_path / "reach.png")
+    assert (tmp_path / "reach.png").exists() and len(fig.axes) == 4  # per pair: reach@k, then base − trained
+    reach_axes = fig.axes[::2]
+    for ax, pair_label in zip(reach_axes, ["cross", "ahead"]):
         lines = {ln.get_label(): ln for ln in ax.get_lines()}
         for label, role in (("base", "base"), (pair_label, "trained")):
             g = curves[curves.checkpoint == label]
             assert lines[f"{label} ({role})"].get_xdata().tolist() == g.k.tolist()
             assert lines[f"{label} ({role})"].get_ydata().tolist() == pytest.approx(g.reach.tolist())
         assert ax.get_xscale() == "log"
-    cross_ax, ahead_ax = fig.axes
-    assert cross_ax.get_title() == "cross: base overtakes at k = 3 (of K = 4)"
+    cross_ax, ahead_ax = reach_axes
+    assert cross_ax.get_title() == "cross: base overtakes at k = 3 (of 2K = 4)"
     assert [ln.get_xdata()[0] for ln in cross_ax.get_lines() if ln.get_label().startswith("base overtakes")] == [3]
     c = cross.set_index("pair").loc["ahead"]
-    assert ahead_ax.get_title() == (f"ahead: no crossover up to K = 4; gap at k = 4: +25.0 pp "
+    assert ahead_ax.get_title() == (f"ahead: no crossover up to k = 2K = 4; gap at k = 4: +25.0 pp "
                                     f"[{100 * c.gap_K_lo:+.1f}, {100 * c.gap_K_hi:+.1f}]")
     gap = [ln for ln in ahead_ax.get_lines() if ln.get_label().startswith("smallest gap")]
     assert len(gap) == 1 and gap[0].get_xdata()[0] == 4 and "+25.0 pp" in gap[0].get_label()
@@ -664,10 +667,10 @@ def test_reach_curve_figure_draws_each_curve_and_the_crossover(tmp_path):
     assert not any(plots.GUESSER in ln.get_label() for ax in fig.axes for ln in ax.get_lines())  # free-form: none
     # multiple choice: every panel draws the guesser's floor 1 - (1 - 1/m)^k
     floored = curves.assign(guess=1 - 0.75 ** curves.k)
-    fig = plots.plot_rlvr_reach_curves(floored, cross, tmp_path / "reach_mc.png")
-    for ax in fig.axes:
+    fig = plots.plot_rlvr_reach_curves(floored, cross, *leads, tmp_path / "reach_mc.png")
+    for ax in fig.axes[::2]:
         floor = [ln for ln in ax.get_lines() if plots.GUESSER in ln.get_label()]
         assert len(floor) == 1 and floor[0].get_ydata().tolist() == pytest.approx((1 - 0.75 ** np.arange(1, 5)).tolist())
         assert ax.get_ylim()[1] >= 1 - 0.75 ** 4
     with pytest.raises(ValueError, match="no curve for checkpoint"):
-        plots.plot_rlvr_reach_curves(curves[curves.checkpoint != "ahead"], cross)
+        plots.plot_rlvr_reach_curves(curves[curves.checkpoint != "ahead"], cross, *leads)

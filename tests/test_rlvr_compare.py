@@ -90,7 +90,17 @@ def test_small_embedded_compare_then_resume_recomputes_nothing(tmp_path, monkeyp
     copy = cross.loc["copy"]  # the same curves: the base is level from k = 1, the gap 0 everywhere
     assert copy.crossed and copy.k_cross == 1 and copy.min_gap == 0 and copy.min_gap_lo == copy.min_gap_hi == 0
     assert (cross.crossed == cross.k_cross.notna()).all() and cross.k_min_gap.between(1, 4).all()
-    assert "Per lineage" in (summary / "summary.md").read_text()
+    # base − trained reach@k from all 2K = 4 samples with its paired band, and the narrowing test: the copy is 0
+    diff = pd.read_csv(summary / "reach_difference.csv")
+    assert {c: g.k.tolist() for c, g in diff.groupby("pair")} == {c: [1, 2, 3, 4] for c in ("copy", "edited")}
+    same = diff[diff.pair == "copy"]
+    assert (same[["base_minus_trained", "base_minus_trained_lo", "base_minus_trained_hi"]] == 0).all().all()
+    assert ((diff.base_minus_trained_lo <= diff.base_minus_trained + 1e-9)
+            & (diff.base_minus_trained <= diff.base_minus_trained_hi + 1e-9)).all()
+    narrow = pd.read_csv(summary / "narrowing.csv").set_index("pair")
+    assert (narrow.K == 2).all() and (narrow.samples == 4).all() and not narrow.loc["copy", "narrows"]
+    text = (summary / "summary.md").read_text()
+    assert "Per lineage" in text and "no narrowing shown (copy is never ahead)" in text
     assert len(list((tmp_path / "figures").glob("rlvr_*.png"))) == 5
     assert len(list((tmp_path / "figures").glob("rlvr_reach_curves_*.png"))) == 1
 

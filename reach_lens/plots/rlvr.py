@@ -1,6 +1,6 @@
 """The RLVR checkpoint study's figures (tables of `reach_lens.rlvr.tables`): fates of questions (Figure 6a), deployed
 vs reachable change (6b), realization by base hit rate (7), the lineage table with its guessing floors, the training
-curve, and reach@k of base vs trained with their crossovers."""
+curve, and reach@k of base vs trained with their crossovers and their difference with its band."""
 from pathlib import Path
 
 import numpy as np
@@ -269,57 +269,96 @@ def plot_rlvr_training(log: pd.DataFrame, path: Path | str | None = None, title:
     return _finish(fig, path)
 
 
-def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, path: Path | str | None = None,
+def plot_rlvr_reach_curves(curves: pd.DataFrame, crossings: pd.DataFrame, differences: pd.DataFrame,
+                           narrowing: pd.DataFrame, path: Path | str | None = None,
                            title: str = "reach@k, base vs trained") -> Figure:
-    """reach@k of each lineage from `rlvr.tables.reach_curves` (checkpoint, k, reach, lo, hi, n, K; + T optional)
-    and `rlvr.tables.crossovers` (pair, base, K, k_cross, k_min_gap, min_gap, min_gap_lo, min_gap_hi): one panel
-    per (base, trained) pair, stacked, each with the base's curve (black) and the trained one's (one colour per
-    pair, `CHECKPOINT_COLORS`) and their 95% question-bootstrap bands on a log k axis (base 2). The k where the
-    base overtakes is a dashed red line; when the trained curve stays ahead up to K the panel title says "no
-    crossover up to K = .." with the gap at k = K and its paired 95% interval, and a dotted line marks the k of the
-    smallest gap (its value and paired 95% interval in the legend). A ``guess`` column (multiple choice: the
-    uniform guesser's 1 - (1 - 1/m)^k; NaN for free-form) is drawn as each panel's floor. Each panel's legend sits
-    right of it, off the data."""
+    """reach@k of each lineage for k = 1..2K, every point the unbiased pass@k from all 2K samples: per (base,
+    trained) pair two stacked panels on a log k axis (base 2), each with its legend right of it, off the data.
+
+    Upper panel, from `rlvr.tables.reach_curves` (checkpoint, k, reach, lo, hi, n, K = 2K; + T optional) and
+    `rlvr.tables.crossovers` (pair, base, K, k_cross, k_min_gap, min_gap, min_gap_lo, min_gap_hi, gap_K, gap_K_lo,
+    gap_K_hi): the base's curve (black) and the trained one's (one colour per pair, `CHECKPOINT_COLORS`) with their
+    95% question-bootstrap bands. The k where the base overtakes is a dashed red line; when the trained curve stays
+    ahead up to 2K the title says "no crossover up to k = 2K" with the gap there and its paired 95% interval, and
+    a dotted line marks the k of the smallest gap. A ``guess`` column (multiple choice: 1 - (1 - 1/m)^k; NaN for
+    free-form) is drawn as the floor.
+    Lower panel, from `rlvr.tables.reach_leads` (differences: pair, k, base_minus_trained with _lo/_hi, K, samples,
+    n_boot, seed; narrowing: pair, k_peak, lead_peak, lead_last, narrowing with _lo/_hi, narrows): base − trained
+    in pp with its pointwise paired 95% band, the peak of the trained lead as a dotted line and the narrowing test
+    (its verdict computed, never read off) in the title. The figure's title names K and 2K.
+    """
     _require(curves, ("checkpoint", "k", "reach", "lo", "hi", "n", "K"), "rlvr reach curves")
     _require(crossings, ("pair", "base", "K", "k_cross", "k_min_gap", "min_gap", "min_gap_lo", "min_gap_hi", "gap_K",
                          "gap_K_lo", "gap_K_hi"), "rlvr crossovers")
-    fig = Figure(figsize=(9.0, 2.9 * len(crossings) + 0.9))
-    axes = fig.subplots(len(crossings), 1, squeeze=False)[:, 0]
-    fig.subplots_adjust(right=0.64, hspace=0.45, top=1 - 0.75 / (2.9 * len(crossings) + 0.9))
-    for i, (ax, (_, row)) in enumerate(zip(axes, crossings.iterrows())):
+    _require(differences, ("pair", "k", "base_minus_trained", "base_minus_trained_lo", "base_minus_trained_hi", "K",
+                           "samples", "n_boot", "seed"), "rlvr reach differences")
+    _require(narrowing, ("pair", "k_peak", "lead_peak", "lead_last", "narrowing", "narrowing_lo", "narrowing_hi",
+                         "narrows"), "rlvr narrowing")
+    K, samples = int(differences["K"].iloc[0]), int(differences["samples"].iloc[0])
+    if {int(v) for v in curves["K"]} | {int(v) for v in crossings["K"]} != {samples}:
+        raise ValueError(f"rlvr reach curves: curves and crossovers over K = {sorted(set(curves['K']))} and "
+                         f"{sorted(set(crossings['K']))} samples, the differences over 2K = {samples}")
+    height = 5.0 * len(crossings) + 1.0
+    fig = Figure(figsize=(9.0, height))
+    axes = fig.subplots(2 * len(crossings), 1, squeeze=False,
+                        gridspec_kw={"height_ratios": [1.1, 0.9] * len(crossings)})
+    fig.subplots_adjust(right=0.64, hspace=0.6, top=1 - 1.1 / height, bottom=0.45 / height)
+    leads = narrowing.set_index("pair")
+    for i, (_, row) in enumerate(crossings.iterrows()):
+        ax, diff_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
+        color = CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)]
         tops = []
-        for label, color, role in ((row["base"], "black", "base"),
-                                   (row["pair"], CHECKPOINT_COLORS[i % len(CHECKPOINT_COLORS)], "trained")):
+        for label, line_color, role in ((row["base"], "black", "base"), (row["pair"], color, "trained")):
             g = curves[curves["checkpoint"] == label].sort_values("k")
             if len(g) == 0:
                 raise ValueError(f"rlvr reach curves: no curve for checkpoint {label!r} (has "
                                  f"{list(dict.fromkeys(curves['checkpoint']))})")
-            ax.plot(g["k"], g["reach"], marker="o", ms=2, lw=1.3, color=color, label=f"{label} ({role})")
-            ax.fill_between(g["k"], g["lo"], g["hi"], color=color, alpha=0.15, lw=0)
+            ax.plot(g["k"], g["reach"], marker="o", ms=2, lw=1.3, color=line_color, label=f"{label} ({role})")
+            ax.fill_between(g["k"], g["lo"], g["hi"], color=line_color, alpha=0.15, lw=0)
             tops.append(g["hi"])
         base_curve = curves[curves["checkpoint"] == row["base"]]
         _guesser_curve(ax, base_curve)
         tops.append(base_curve["guess"] if "guess" in base_curve else [])
-        K = int(row["K"])
         if pd.isna(row["k_cross"]):
             ax.axvline(row["k_min_gap"], color="gray", ls=":", lw=1.2,
                        label=f"smallest gap, k = {int(row['k_min_gap'])}:\n{100 * row['min_gap']:+.1f} pp "
                              f"[{100 * row['min_gap_lo']:+.1f}, {100 * row['min_gap_hi']:+.1f}]")
-            head = (f"{row['pair']}: no crossover up to K = {K}; gap at k = {K}: {100 * row['gap_K']:+.1f} pp "
-                    f"[{100 * row['gap_K_lo']:+.1f}, {100 * row['gap_K_hi']:+.1f}]")
+            head = (f"{row['pair']}: no crossover up to k = 2K = {samples}; gap at k = {samples}: "
+                    f"{100 * row['gap_K']:+.1f} pp [{100 * row['gap_K_lo']:+.1f}, {100 * row['gap_K_hi']:+.1f}]")
         else:  # k_cross = 1: the trained curve is never ahead
             what = "base overtakes at" if row["k_cross"] > 1 else "base at or above it from"
             ax.axvline(row["k_cross"], color="tab:red", ls="--", lw=1.2, label=f"{what} k = {int(row['k_cross'])}")
-            head = f"{row['pair']}: {what} k = {int(row['k_cross'])} (of K = {K})"
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            head = f"{row['pair']}: {what} k = {int(row['k_cross'])} (of 2K = {samples})"
         ax.set_ylim(0, data_top(*tops))
         ax.set_ylabel("reach@k")
-        ax.grid(alpha=0.3)
         ax.set_title(head, fontsize=9)
-        legend_outside(ax, fontsize=8)
-    axes[-1].set_xlabel("k (samples, of K)")
+        d = differences[differences["pair"] == row["pair"]].sort_values("k")
+        if len(d) == 0 or row["pair"] not in leads.index:
+            raise ValueError(f"rlvr reach curves: no base − trained difference or narrowing for {row['pair']!r}")
+        lead = leads.loc[row["pair"]]
+        diff_ax.plot(d["k"], 100 * d["base_minus_trained"], marker="o", ms=2, lw=1.3, color=color,
+                     label=f"{row['base']} − {row['pair']}")
+        diff_ax.fill_between(d["k"], 100 * d["base_minus_trained_lo"], 100 * d["base_minus_trained_hi"], color=color,
+                             alpha=0.2, lw=0, label="paired 95% band")
+        diff_ax.axhline(0, color="black", lw=0.8)
+        diff_ax.axvline(lead["k_peak"], color="gray", ls=":", lw=1.2,
+                        label=f"peak of the {row['pair']} lead,\nk = {int(lead['k_peak'])}")
+        verdict = "narrows" if lead["narrows"] else "no narrowing shown"
+        diff_ax.set_title(f"{row['pair']} lead at its peak (k = {int(lead['k_peak'])}, "
+                          f"{100 * lead['lead_peak']:+.1f} pp) − at k = {samples} "
+                          f"({100 * lead['lead_last']:+.1f} pp):\n"
+                          f"{100 * lead['narrowing']:+.1f} pp [{100 * lead['narrowing_lo']:+.1f}, "
+                          f"{100 * lead['narrowing_hi']:+.1f}], {verdict}", fontsize=9)
+        diff_ax.set_ylabel("base − trained (pp)")
+        for a in (ax, diff_ax):
+            a.set_xscale("log", base=2)
+            a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            a.grid(alpha=0.3)
+            legend_outside(a, fontsize=8)
+    axes[-1, 0].set_xlabel(f"k (samples, of the 2K = {samples})")
     note = f", T = {float(curves['T'].iloc[0]):g}" if "T" in curves.columns else ""
-    fig.suptitle(f"{title}\n(n = {_n(curves['n'])}, K = {_n(curves['K'])}{note}; unbiased pass@k, "
-                 "95% question-bootstrap bands)", fontsize=10)
+    fig.suptitle(f"{title}, K = {K}: reach@k for k = 1..2K = {samples}\n(n = {_n(curves['n'])}{note}; unbiased pass@k "
+                 f"from all {samples} samples of each question, 95% question-bootstrap bands;\nbase − trained: "
+                 f"pointwise band from {int(differences['n_boot'].iloc[0])} paired question resamples, seed "
+                 f"{int(differences['seed'].iloc[0])})", fontsize=10)
     return _finish(fig, path)

@@ -1,6 +1,6 @@
 """A base and a trained checkpoint on the same questions: each question's fate (realized, reachable), the paired
-change of D and O_K, the nulls for gains from base-reachable questions, realization by base hit rate (propensity)
-and where the two reach@k curves cross."""
+change of D and O_K, the nulls for gains from base-reachable questions, realization by base hit rate (propensity),
+where the two reach@k curves cross, and their difference with its band and whether a lead narrows after its peak."""
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -283,3 +283,57 @@ def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, k
     return {"k_cross": int(ks[behind[0]]) if len(behind) else None, "k_min_gap": ks[j], "min_gap": float(gap[j]),
             "lo": float(lo), "hi": float(hi), "k_max_gap": ks[top], "max_gap": float(gap[top]),
             "gap_last": float(gap[-1]), "gap_last_lo": float(last_lo), "gap_last_hi": float(last_hi)}
+
+
+# question resamples and seed of the reach@k difference band and the narrowing test. Measured on n = 300 synthetic
+# questions, 2K = 128: over 4 seeds, 95% of the band's bounds move by < 0.1 pp at 50000 resamples (0.15 pp at 20000),
+# the narrowing interval's by < 0.1 pp; a bound on the 1/n lattice (pass@k all 0 or 1 near 2K) can still jump 1/n.
+REACH_N_BOOT = 50000
+REACH_SEED = 0
+_RESAMPLES_AT_ONCE = 5000  # rows of multinomial weights [rows, n] drawn at a time: memory, not results
+
+
+def reach_lead(base_per_question: np.ndarray, trained_per_question: np.ndarray, ks: Sequence[int],
+               n_boot: int = REACH_N_BOOT, seed: int = REACH_SEED, level: float = 0.95) -> dict:
+    """base − trained reach@k with a pointwise bootstrap band, and whether the lead narrows after its peak, from
+    per-question curves [n questions, len(ks)] of the same questions in the same order (unbiased pass@k per
+    question from all of its samples; reach@k is their column mean). Every resample draws questions with
+    replacement (multinomial weights [n_boot, n]) and applies the same draw to both sides and every k: paired.
+
+    diff, lo, hi [len(ks)]: base − trained reach@k and its pointwise percentile ``level`` band.
+    The narrowing test, on the trained checkpoint's signed lead trained − base: k_peak, the k of its largest point
+    estimate (the first on ties), lead_peak the lead there, lead_last the lead at the last k, narrowing = lead_peak −
+    lead_last (>= 0); narrowing_lo, narrowing_hi its ``level`` interval with the peak chosen again in every
+    resample, so the peak is not picked after the fact. The interval is the basic bootstrap's (2 x narrowing minus
+    the resamples' upper and lower quantiles): a maximum is biased upwards, and every resample's own maximum minus
+    its last point is >= 0, so a percentile interval would exclude 0 too often (equal base and trained hit rates,
+    n = 300, 2K = 32: "narrows" in 6.5% of 200 simulated runs, against 2.5% with the basic interval).
+    narrows: the interval excludes 0 (lo > 1e-12), the lead at the peak is positive and the peak lies before the
+    last k. Also n_boot, seed, level.
+    """
+    b = np.asarray(base_per_question, dtype=np.float64)
+    t = np.asarray(trained_per_question, dtype=np.float64)
+    ks = [int(k) for k in ks]
+    if b.ndim != 2 or b.shape != t.shape or b.shape[1] != len(ks) or len(b) == 0:
+        raise ValueError(f"base {b.shape} and trained {t.shape} must be one [n >= 1, len(ks) = {len(ks)}] shape")
+    if any(a >= c for a, c in zip(ks, ks[1:])):
+        raise ValueError(f"ks {ks[:10]} must increase")
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"n_boot={n_boot} must be >= 1 and level={level} in (0, 1)")
+    per_question = b - t  # [n, k]
+    n = len(per_question)
+    rng = np.random.default_rng(seed)
+    boot = np.concatenate([rng.multinomial(n, np.full(n, 1.0 / n), size=min(_RESAMPLES_AT_ONCE, n_boot - i))
+                           @ per_question / n for i in range(0, n_boot, _RESAMPLES_AT_ONCE)])  # [n_boot, k]
+    diff = per_question.mean(axis=0)
+    quantiles = [(1 - level) / 2, (1 + level) / 2]
+    lo, hi = np.quantile(boot, quantiles, axis=0)
+    lead, boot_lead = 0.0 - diff, 0.0 - boot  # trained − base: [k], [n_boot, k] (0.0 - x: no -0.0 for a zero lead)
+    j = int(np.argmax(lead))
+    narrowing = float(lead[j] - lead[-1])
+    q_lo, q_hi = np.quantile(boot_lead.max(axis=1) - boot_lead[:, -1], quantiles)  # each resample's own peak
+    n_lo, n_hi = 2 * narrowing - q_hi, 2 * narrowing - q_lo
+    return {"diff": diff, "lo": lo, "hi": hi, "k_peak": ks[j], "lead_peak": float(lead[j]),
+            "lead_last": float(lead[-1]), "narrowing": narrowing, "narrowing_lo": float(n_lo),
+            "narrowing_hi": float(n_hi), "narrows": bool(n_lo > 1e-12 and lead[j] > 0 and j < len(ks) - 1),
+            "n_boot": n_boot, "seed": seed, "level": level}

@@ -1,7 +1,8 @@
 """The RLVR study's tables as the markdown of its ``summary.md``: intervals beside every rate, each multiple-choice
 oracle beside the uniform guesser's floor.
 
-    text = report(t5, fates, t6, t7, t8, prop, K=4, T=0.8, fmt="native", control_fmt="shared", crossings=cross)
+    text = report(t5, fates, t6, t7, t8, prop, K=4, T=0.8, fmt="native", control_fmt="shared", crossings=cross,
+                  differences=diffs, narrowing=narrow)
 """
 from __future__ import annotations
 
@@ -44,17 +45,26 @@ def _pp(row: pd.Series, m: str) -> str:
 
 
 def _crossing(r) -> str:
-    """One lineage's reach@k crossover (a `tables.crossovers` row) in words."""
+    """One lineage's reach@k crossover (a `tables.crossovers` row over all 2K samples, its K) in words."""
     if not pd.isna(r.k_cross) and r.k_cross == 1:
-        return f"the base's reach@k is at or above the trained one's from k = 1 (of K = {int(r.K)} samples)"
+        return f"the base's reach@k is at or above the trained one's from k = 1 (of 2K = {int(r.K)} samples)"
     if not pd.isna(r.k_cross):
-        return f"the base's reach@k overtakes at k = {int(r.k_cross)} (of K = {int(r.K)} samples)"
-    text = (f"no crossover up to K = {int(r.K)} samples; smallest gap trained − base {100 * r.min_gap:+.1f} pp "
+        return f"the base's reach@k overtakes at k = {int(r.k_cross)} (of 2K = {int(r.K)} samples)"
+    text = (f"no crossover up to 2K = {int(r.K)} samples; smallest gap trained − base {100 * r.min_gap:+.1f} pp "
             f"[{100 * r.min_gap_lo:+.1f}, {100 * r.min_gap_hi:+.1f}] at k = {int(r.k_min_gap)}")
-    if int(r.k_max_gap) < int(r.K):
-        text += (f"; the gap peaks at {100 * r.max_gap:+.1f} pp (k = {int(r.k_max_gap)}) and narrows to "
-                 f"{100 * r.gap_K:+.1f} pp [{100 * r.gap_K_lo:+.1f}, {100 * r.gap_K_hi:+.1f}] at k = {int(r.K)}")
-    return text
+    return text + (f"; gap at k = {int(r.K)}: {100 * r.gap_K:+.1f} pp [{100 * r.gap_K_lo:+.1f}, "
+                   f"{100 * r.gap_K_hi:+.1f}]")
+
+
+def narrowing_words(r) -> str:
+    """A `tables.reach_leads` narrowing row in words, its verdict from the computed interval: e.g. "the lead of grpo
+    over base (trained − base reach@k) at its peak (k = 12, +10.0 pp) minus at k = 128 (+6.0 pp): +4.0 pp [+1.2,
+    +6.9], narrows", or "...: no narrowing shown" (with "grpo is never ahead" when its lead is never positive)."""
+    never_ahead = "" if r.lead_peak > 0 else f" ({r.pair} is never ahead)"
+    verdict = "narrows" if r.narrows else f"no narrowing shown{never_ahead}"
+    return (f"the lead of {r.pair} over {r.base} (trained − base reach@k) at its peak (k = {int(r.k_peak)}, "
+            f"{100 * r.lead_peak:+.1f} pp) minus at k = {int(r.samples)} ({100 * r.lead_last:+.1f} pp): "
+            f"{100 * r.narrowing:+.1f} pp [{100 * r.narrowing_lo:+.1f}, {100 * r.narrowing_hi:+.1f}], {verdict}")
 
 
 def _nulls(r) -> str:
@@ -72,23 +82,44 @@ def _nulls(r) -> str:
     return text
 
 
-def lineages(fates, crossings=None) -> list[str]:
-    """Per lineage, one line: its reach@k crossover (``crossings``: `tables.crossovers`) and its gains from
-    base-reachable questions against both nulls (`tables.fates_table`)."""
-    cross = {} if crossings is None else {r.pair: r for _, r in crossings.iterrows()}
-    return [f"- **{r.pair}**: " + "; ".join(([_crossing(cross[r.pair])] if r.pair in cross else []) + [_nulls(r)])
-            + "." for _, r in fates.iterrows()]
+def lineages(fates, crossings=None, narrowing=None) -> list[str]:
+    """Per lineage, one line: its reach@k crossover (``crossings``: `tables.crossovers`), whether its lead narrows
+    after its peak (``narrowing``: `tables.reach_leads`' second table) and its gains from base-reachable questions
+    against both nulls (`tables.fates_table`)."""
+    cross = {} if crossings is None else {r.pair: _crossing(r) for _, r in crossings.iterrows()}
+    narrow = {} if narrowing is None else {r.pair: narrowing_words(r) for _, r in narrowing.iterrows()}
+    return [f"- **{r.pair}**: " + "; ".join([c[r.pair] for c in (cross, narrow) if r.pair in c] + [_nulls(r)]) + "."
+            for _, r in fates.iterrows()]
+
+
+def _differences(differences, narrowing, K: int) -> list[str]:
+    """The base − trained reach@k section: per pair, the difference at k = 1, K, the lead's peak and 2K with its
+    pointwise band (`tables.reach_leads`)."""
+    first = differences.iloc[0]
+    lines = ["", f"## reach@k, base − trained (k = 1..2K = {2 * K}, unbiased pass@k from all {2 * K} samples of each "
+             f"question; pointwise 95% band from {int(first.n_boot)} paired question resamples, seed "
+             f"{int(first.seed)})", "", f"| pair | k = 1 | k = K = {K} | peak of the trained lead | k = 2K = {2 * K} |",
+             "|---|---|---|---|---|"]
+    peaks = narrowing.set_index("pair")["k_peak"]
+    for pair, g in differences.groupby("pair", sort=False):
+        at = g.set_index("k")
+        cells = [f"{100 * at.base_minus_trained[k]:+.1f} pp [{100 * at.base_minus_trained_lo[k]:+.1f}, "
+                 f"{100 * at.base_minus_trained_hi[k]:+.1f}]" for k in (1, K, int(peaks[pair]), 2 * K)]
+        cells[2] = f"k = {int(peaks[pair])}: {cells[2]}"
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt: str, reference: str = "",
-           crossings=None) -> str:
+           crossings=None, differences=None, narrowing=None) -> str:
     """The tables (``reach_lens.rlvr.tables``) as markdown, every oracle beside its guessing floor: ``t5``
     `tables.checkpoint_changes`, ``fates`` `tables.fates_table`, ``t6`` `tables.checkpoint_changes_by_budget`, ``t7``
     `tables.deployed_vote_oracle`, ``t8`` `tables.format_transfer` (None: no control format, no Table 8), ``prop``
     `tables.propensity` (the paper's
     Tables 5-8, Figures 6a and 7); ``reference`` (the paper's figures to read them against) follows Table 5;
     ``crossings`` (`tables.crossovers`) adds each lineage's reach@k crossover to the per-lineage lines after
-    Figure 6a."""
+    Figure 6a, ``narrowing`` whether its lead narrows after its peak, and ``differences`` (both from
+    `tables.reach_leads`) a section of base − trained reach@k with its band."""
     lines = [f"## Table 5 (n = {int(t5['n'].iloc[0])}, K = {K}, T = {T:g}, {fmt} format; Wilson 95%, changes trained − base "
              "by Newcombe's paired 95% interval, the exact McNemar p and the questions only trained vs only base "
              "gets)", "", "| pair | base D | base O_K | trained D | trained O_K | floor | ΔD | ΔO | Δn_reachable |", "|---|---|---|---|---|---|---|---|---|"]
@@ -109,10 +140,19 @@ def report(t5, fates, t6, t7, t8, prop, K: int, T: float, fmt: str, control_fmt:
     lines += ["", "Per lineage: reach@k over all samples (unbiased pass@k; the smallest gap with its paired "
               "question-bootstrap 95% interval), and gains from base-reachable questions against two nulls "
               "(independence: 95% permutation interval; resampling: question i gained with probability its base "
-              "hit rate, 95% exact Poisson-binomial interval):", "", *lineages(fates, crossings)]
+              "hit rate, 95% exact Poisson-binomial interval):", "", *lineages(fates, crossings, narrowing)]
+    if narrowing is not None and len(narrowing):
+        first = narrowing.iloc[0]
+        lines += ["", f"Narrowing: the trained lead (trained − base reach@k, all {2 * K} samples) at its peak k "
+                  f"minus at k = {2 * K}, with its basic bootstrap 95% interval over {int(first.n_boot)} paired "
+                  f"question resamples (seed {int(first.seed)}), the peak chosen again in each; \"narrows\" only where "
+                  "that interval excludes 0."]
+    if differences is not None and narrowing is not None and len(differences):
+        lines += _differences(differences, narrowing, K)
     lines += ["", f"## Table 6: budget control (K and 2K from one set of {2 * K} samples)", "",
               "| pair | K | floor | base O | trained O | O_base − O_trained | base O−D | trained O−D | Δn_reachable | "
-              "base / trained reach@K, unbiased from all samples |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "base / trained reach@k at this k, unbiased from all 2K samples (O: from the first k) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in t6.iterrows():
         lines.append(f"| {r.pair} | {r.K} | {_floor(r.floor)} | {_pct(r, 'O_base')} | {_pct(r, 'O_trained')} | "
                      f"{_pp(r, 'O_drop')} | {100 * r.gap_base:+.1f} pp | {100 * r.gap_trained:+.1f} pp | "

@@ -7,6 +7,8 @@
     deployed_vote_oracle({"base": base_2K, "grpo": ...}, K, m)        # Table 7, lineage: D, vote@K, O_K
     reach_curves({"base": base_2K, "grpo": ...})                      # reach@k, k = 1..2K, per checkpoint
     crossovers({"base": base_2K, "grpo": ...}, "base")                # where the base's reach@k overtakes
+    reach_leads({"base": base_2K, "grpo": ...}, "base", K)            # base − trained reach@k, k = 1..2K, with its
+                                                                      # band, and does the lead narrow after its peak
     format_transfer({"grpo": (base_K, grpo_K, base_shared, grpo_shared)})   # Table 8
     per_question({"base": base_2K, "grpo": ...}, "base", K=16)        # each question's D, hits/K, O and fate
     audit_tables(records, control, "base", K=16, T=0.8, m=None)       # all of them, by the file each is written to
@@ -25,8 +27,8 @@ import pandas as pd
 
 from reach_lens import audit
 from reach_lens.rlvr.audit_run import records_at
-from reach_lens.rlvr.fates import (crossover, fate_counts, fates, gains_under_independence, gains_under_resampling,
-                                   paired_change, realization_by_hit_rate_bin)
+from reach_lens.rlvr.fates import (REACH_N_BOOT, REACH_SEED, crossover, fate_counts, fates, gains_under_independence,
+                                   gains_under_resampling, paired_change, reach_lead, realization_by_hit_rate_bin)
 from reach_lens.stats import guessing_floor, pass_at_k, wilson_interval
 
 FATE_COLUMNS = {
@@ -216,6 +218,45 @@ def crossovers(checkpoints: Mapping[str, pd.DataFrame], base_label: str, n_boot:
     return out
 
 
+def reach_leads(checkpoints: Mapping[str, pd.DataFrame], base_label: str, K: int, n_boot: int = REACH_N_BOOT,
+                seed: int = REACH_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """base − trained reach@k for k = 1..2K per trained checkpoint (every checkpoint but ``base_label``; records of
+    2K samples) on the questions both answered, and whether the trained checkpoint's lead narrows from its peak to
+    k = 2K, from one set of ``n_boot`` paired question resamples (`fates.reach_lead`). Every point is the unbiased
+    pass@k from all 2K samples of each question, averaged.
+
+    Returns (differences, narrowing). differences, one row per pair and k: pair, base, k, reach_base,
+    reach_trained, base_minus_trained with its pointwise 95% band (base_minus_trained_lo, _hi), n, K, samples (2K),
+    n_boot, seed. narrowing, one row per pair: pair, base, n, K, samples, k_peak (the k of the largest point
+    estimate of the lead trained − base; chosen again in every resample), lead_peak, lead_last (the lead at k = 2K),
+    narrowing (lead_peak − lead_last, >= 0) with its basic bootstrap 95% interval (narrowing_lo, _hi), narrows
+    (the interval excludes 0, the lead at the peak is positive and the peak lies before 2K), n_boot, seed.
+    """
+    if base_label not in checkpoints or len(checkpoints) < 2:
+        raise ValueError(f"checkpoints {list(checkpoints)}: need the base {base_label!r} and a trained one")
+    curves, rows = [], []
+    for label, trained in checkpoints.items():
+        if label == base_label:
+            continue
+        f = fates(checkpoints[base_label], trained)
+        samples = int(f["K_base"].iloc[0])
+        if samples != 2 * K:
+            raise ValueError(f"{label}: records of {samples} samples, not 2K = {2 * K} (K = {K}): reach@k is "
+                             "estimated from all 2K samples of each question")
+        ks = list(range(1, samples + 1))
+        b, t = audit.pass_at_ks(f["hits_base"], samples, ks), audit.pass_at_ks(f["hits_trained"], samples, ks)
+        lead = reach_lead(b, t, ks, n_boot=n_boot, seed=seed)
+        common = {"n": len(f), "K": K, "samples": samples}
+        curves.append(pd.DataFrame({"pair": label, "base": base_label, "k": ks, "reach_base": b.mean(axis=0),
+                                    "reach_trained": t.mean(axis=0), "base_minus_trained": lead["diff"],
+                                    "base_minus_trained_lo": lead["lo"], "base_minus_trained_hi": lead["hi"],
+                                    **common, "n_boot": n_boot, "seed": seed}))
+        rows.append({"pair": label, "base": base_label, **common,
+                     **{c: lead[c] for c in ("k_peak", "lead_peak", "lead_last", "narrowing", "narrowing_lo",
+                                             "narrowing_hi", "narrows", "n_boot", "seed")}})
+    return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
+
+
 def deployed_vote_oracle(checkpoints: Mapping[str, pd.DataFrame], K: int,
                          m: int | Sequence[int] | None) -> pd.DataFrame:
     """Lineage control (the paper's Table 7): per checkpoint, deployed D, majority vote@K and oracle O_K (Wilson
@@ -297,13 +338,19 @@ def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.D
     """Every table of one audit, by the name of its file: ``records`` maps each checkpoint (``base`` among them) to
     its records of 2K samples, ``control`` to its greedy answers in the control format (``runs.RunLoop.deployed``
     rows; None: no format-transfer table); ``K`` is the main budget, ``T`` the temperature (a column of every
-    table), ``bins`` the propensity's hit-rate edges (default: hit counts that follow K)."""
+    table), ``bins`` the propensity's hit-rate edges (default: hit counts that follow K). Every reach@k (curves,
+    crossovers, base − trained with its band, narrowing) is the unbiased estimator from all 2K samples."""
+    for label, r in records.items():
+        if audit.single_K(r) != 2 * K:
+            raise ValueError(f"{label}: records of {audit.single_K(r)} samples, not 2K = {2 * K} (K = {K}): every "
+                             "reach@k is estimated from all 2K samples")
     trained = [label for label in records if label != base]
     at_k = {label: records_at(r, K) for label, r in records.items()}
     pairs_k = {label: (at_k[base], at_k[label]) for label in trained}
     pairs_2k = {label: (records[base], records[label]) for label in trained}
     curves = reach_curves(records, seed=seed)
     curves["guess"] = guessing_floor(m, curves["k"])  # the multiple-choice floor; NaN for free-form answers
+    differences, narrowing = reach_leads(records, base, K, seed=seed)
     out = {"table5": checkpoint_changes(pairs_k, m),
            "fates": fates_table(pairs_k, seed=seed, base_samples=records[base]),
            "propensity": pd.concat([propensity(pairs_k, bins, seed=seed), propensity(pairs_2k, bins, seed=seed)],
@@ -311,6 +358,7 @@ def audit_tables(records: Mapping[str, pd.DataFrame], control: Mapping[str, pd.D
            "table6_budget": checkpoint_changes_by_budget(pairs_2k, K, m),
            "table7_lineage": deployed_vote_oracle(records, K, m),
            "reach_curves": curves, "crossover": crossovers(records, base, seed=seed),
+           "reach_difference": differences, "narrowing": narrowing,
            "questions": per_question(records, base, K)}
     if control is not None:
         out["table8_format_transfer"] = format_transfer(
