@@ -334,8 +334,8 @@ def test_slots_run_on_the_rows_that_use_them_equal_the_whole_batch(model, monkey
     ivs = [Steer(1, tuple(v.tolist()), 10.0, site="hook_resid_pre", positions=(9, 15))]
     stop = reference(model, prompts[0], 3, routes[0])[0][2]  # ends rows early: slots are refilled
     reqs = [greedy(p, 7, r, stop=(stop,)) for p in prompts for r in routes]
-    calls = []
-    monkeypatch.setattr(DecodeLoop, "_run_rows", lambda self, *a, _run=DecodeLoop._run_rows: calls.append(len(a[4]))
+    calls = []  # rows each slot runs on (_run_rows's ``rows``, its sixth argument)
+    monkeypatch.setattr(DecodeLoop, "_run_rows", lambda self, *a, _run=DecodeLoop._run_rows: calls.append(len(a[5]))
                         or _run(self, *a))
     subsets = TransformerLensEngine(model).generate(reqs, interventions=ivs, batch_size=5)
     assert sum(0 < c < 5 for c in calls) > 10

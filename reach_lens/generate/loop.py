@@ -263,10 +263,10 @@ class DecodeLoop:
 
     # ---- batches --------------------------------------------------------------------------------
 
-    def _take_fitting(self, sched: Sequence[int] | None) -> int | None:
-        """Pop the first waiting row (among the next few) whose route fits ``sched`` (any row when None)."""
+    def _take_fitting(self, sched: Sequence[int]) -> int | None:
+        """Pop the first waiting row (among the next few) whose route fits the batch's schedule ``sched``."""
         for k, row_id in enumerate(self.waiting[: FIT_WINDOW * self.batch_size]):
-            if sched is None or embed(self.rows[row_id].route, sched) is not None:
+            if embed(self.rows[row_id].route, sched) is not None:
                 return self.waiting.pop(k)
         return None
 
