@@ -227,6 +227,7 @@ def main(argv=None) -> int:
                            eligible=eligible, sweep=sweep, layer=layer, evaluation=evaluation, margins=margins,
                            verdict=verdict, baseline=localize.baseline_check(conditions), v_info=v_info,
                            steering=steering, doses=doses, units=units, planted=planted, pruned=pruned,
+                           conditions=store.read("conditions", key="row_key"),
                            units_layer=None if units_layer == layer else units_layer,
                            elapsed_s=time.time() - started,
                            peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

@@ -74,6 +74,13 @@ def test_mlp_localize_end_to_end_and_a_resumed_run_equals_an_uninterrupted_one(t
         assert text in summary
     for name in ("layer_sweep", "steering", "units"):
         assert (run_dir / f"{name}.png").stat().st_size > 5000
+    # the per-question table: every screened question, its panel, and each condition's outcome where it ran
+    questions = pd.read_csv(run_dir / "questions.csv")
+    assert questions.question_id.tolist() == out["screen"].question_id.tolist()
+    on_panels = questions.set_index("question_id").loc[panels.question_id]
+    assert (on_panels.panel.to_numpy() == panels.panel.to_numpy()).all()
+    calibrated = on_panels[panels.set_index("question_id").role == "calibration"]
+    assert calibrated["silence-mlp-12"].notna().all() and questions[questions.panel.isna()]["silence-mlp-12"].isna().all()
 
     # killed in the middle of the selection sweep, then resumed: the same tables as the uninterrupted run. The
     # killed run had stored its screen and panels (as the first run did): its directory starts from those.

@@ -36,6 +36,7 @@ class Study:
     units: pd.DataFrame
     planted: dict | None = None
     pruned: dict | None = None  # pruning-created failures: sparsity, questions screened unpruned, pool
+    conditions: pd.DataFrame | None = None  # the store's per-question condition rows (condition, question_id, correct)
     units_layer: int | None = None  # where the units step ran when not at ``layer`` (an SAE at another MLP)
     elapsed_s: float = 0.0
     peak_mb: float = 0.0
@@ -239,10 +240,24 @@ def summary(s: Study) -> str:
     return "\n".join(lines)
 
 
+def question_table(s: Study) -> pd.DataFrame:
+    """One row per screened question: its screen (gold, recognized, generated, the greedy answer), its panel and
+    role (empty outside the panels), and per condition run on it whether the answer was correct (a column per
+    condition, e.g. ``silence-mlp-24``; empty where the condition did not run on that question)."""
+    keep = ["question_id", "gold", "recognized", "recog_pred", "generated", "gen_answer", "gen_format_ok"]
+    table = s.screened[[c for c in keep if c in s.screened.columns]].merge(s.panels, on="question_id", how="left")
+    if s.conditions is not None and len(s.conditions):
+        outcomes = s.conditions.pivot_table(index="question_id", columns="condition", values="correct",
+                                            aggfunc="first").astype("boolean")
+        table = table.merge(outcomes.reset_index(), on="question_id", how="left")
+    return table
+
+
 def write_outputs(s: Study, run_dir: Path, figures: Path) -> str:
-    """CSV tables, the three figures (also copied to ``figures``) and summary.md; returns the summary."""
+    """CSV tables (``questions.csv``: `question_table`), the three figures (also copied to ``figures``) and
+    summary.md; returns the summary."""
     tables = {"screen": s.screened, "panels": s.panels, "layer_sweep": s.sweep, "evaluation": s.evaluation,
-              "margins": s.margins, "steering": s.steering, "units": s.units}
+              "margins": s.margins, "steering": s.steering, "units": s.units, "questions": question_table(s)}
     for name, table in tables.items():
         table.to_csv(run_dir / f"{name}.csv", index=False)
     sizes = panel_sizes(s.panels)
