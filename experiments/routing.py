@@ -88,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-routes", nargs="+", default=list(ROUTE_LAWS), choices=ROUTE_LAWS,
                    help="laws of the random searches' routes, each its own search and analysis: geometric walks "
                         "from the full path and/or uniform (default both)")
+    p.add_argument("--mcts-batch", type=cli.positive_int, default=1,
+                   help="routes MCTS asks per round, with a virtual loss on the round's pending routes (default 1: "
+                        "the sequential search; more: fewer, larger engine calls)")
     p.add_argument("--vote-k", type=cli.positive_int, default=16, help="k of the random-route vote in Table 1")
     p.add_argument("--mcts-k", type=cli.positive_int, default=50, help="simulations of the MCTS oracle in Table 1")
     p.add_argument("--collapse-threshold", type=cli.share, default=0.5,
@@ -109,11 +112,13 @@ def search_cell(model, label: str, task, qs, args, loop) -> tuple[Protocol, RunS
     protocol = Protocol.of(study="routing", facts=engine_for(model).describe(), task=task, questions=qs,
                            source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="route", K=args.K,
                            settings={"spaces": args.spaces, "methods": args.methods, "reward": "greedy correctness",
-                                     "random_routes": args.random_routes})
-    laws = "+".join(args.random_routes)
+                                     "random_routes": args.random_routes,
+                                     **({"mcts_batch": args.mcts_batch} if args.mcts_batch != 1 else {})})
+    laws = "+".join(args.random_routes) + ("" if args.mcts_batch == 1 else f"-mcts{args.mcts_batch}")
     store = RunStore(args.out / f"{protocol.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
     searches = loop.resume(store, "searches", qs, lambda part: search_rows(
-        model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size),
+        model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size,
+        args.mcts_batch),
         desc=f"{label} {task.name} searches")
     return protocol, store, searches
 

@@ -137,6 +137,17 @@ def test_search_rows_and_random_route_candidates_share_routes(char_model, questi
         assert traces["mcts"]["routes"] == old_traces["mcts"]["routes"]
         assert [c["route"] for c in cs] == [list(r) for r in traces["random_uniform"]["routes"]]
         assert traces["random_uniform"]["routes"] != traces["random"]["routes"]
+    # MCTS in rounds of 2 routes: the random searches' routes and their greedy answers stay those of the
+    # sequential run (float32 greedy decoding does not depend on the batch's other rows)
+    paired = search_rows(char_model, arc, questions[:2], "shared", ["skip_repeat"], ["random", "mcts"], K=5, seed=3,
+                         mcts_batch=2)
+    for row, old_row in zip(paired, rows):
+        traces, old_traces = ({t["method"]: t for t in r["searches"]} for r in (row, old_row))
+        assert traces["random"]["routes"] == old_traces["random"]["routes"]
+        assert max(traces["mcts"]["batch_sizes"]) == 2 and len(set(map(tuple, traces["mcts"]["routes"]))) == 5
+        answers = {tuple(c["route"]): c["answer"] for c in row["candidates"]}
+        old_answers = {tuple(c["route"]): c["answer"] for c in old_row["candidates"]}
+        assert all(answers[tuple(r)] == old_answers[tuple(r)] for r in traces["random"]["routes"])
 
 
 def test_router_rows_generate_only_unknown_routes(char_model, questions, monkeypatch):

@@ -96,24 +96,29 @@ def _calls(by_question: Mapping[int, Sequence[LayerRoute]], limit: int) -> list[
 METHODS: dict[str, type[Search]] = {cls.name: cls for cls in (RandomSearch, MCTS, HillClimb, Genetic)}
 
 
-def make_search(method: str, space: ActionSpace, K: int, seed: int, random_routes: str = "geometric") -> Search:
+def make_search(method: str, space: ActionSpace, K: int, seed: int, random_routes: str = "geometric",
+                mcts_batch: int = 1) -> Search:
     """A search of `method` ("random", "mcts", "hill_climb", "genetic") over `space` with budget K; `random_routes`
-    is the law of the random search's routes ("geometric" or "uniform"), the structured searches ignore it."""
+    is the law of the random search's routes ("geometric" or "uniform"), `mcts_batch` the routes MCTS asks per
+    round (virtual loss; 1: the sequential search); the other methods ignore them."""
     if method not in METHODS:
         raise ValueError(f"search method {method!r} unknown; valid: {', '.join(map(repr, METHODS))}")
     if method == "random":
         return RandomSearch(space, K, seed, law=random_routes)
+    if method == "mcts":
+        return MCTS(space, K, seed, batch=mcts_batch)
     return METHODS[method](space, K, seed)
 
 
 def search_rows(model: HookedTransformer, task: Task, questions: Sequence[Question], fmt: str, spaces: Sequence[str],
                 methods: Sequence[str], K: int, seed: int, random_routes: Sequence[str] = ("geometric",),
-                batch_size: int = 16) -> list[dict]:
+                batch_size: int = 16, mcts_batch: int = 1) -> list[dict]:
     """Every (action space, method) search of every question, in lockstep (shared decode batches); one row per
     question: ``question_id``, ``searches`` (per search: space, method, seed, routes, rewards, batch_sizes)
     and ``candidates`` (every distinct route generated for the question, as candidate dicts without hidden
     states). The method "random" runs once per law of ``random_routes``, as ``random_method(law)`` ("random",
-    "random_uniform"). Search seeds are ``question_seed(seed, "id|space|method")``."""
+    "random_uniform"); ``mcts_batch``: routes per MCTS round. Search seeds are
+    ``question_seed(seed, "id|space|method")``."""
     ev = RouteEvaluator(model, task, questions, fmt, batch_size=batch_size, keep_hidden=False)
     runs = [(random_method(law), law) for law in dict.fromkeys(random_routes)] if "random" in methods else []
     runs = [*runs, *((m, None) for m in methods if m != "random")]
@@ -123,7 +128,7 @@ def search_rows(model: HookedTransformer, task: Task, questions: Sequence[Questi
             for name, law in runs:
                 s = question_seed(seed, f"{q.id}|{space}|{name}")
                 searches.append(make_search("random" if law else name, make_space(space, model.cfg.n_layers), K, s,
-                                            law or "geometric"))
+                                            law or "geometric", mcts_batch))
                 meta.append((i, {"space": space, "method": name, "seed": s}))
     traces = run_searches(searches, ev.reward_fn([i for i, _ in meta]))
     rows = [{"question_id": q.id, "searches": [], "candidates": []} for q in questions]

@@ -15,8 +15,12 @@ a single chain of accumulating edits; standard UCT (expand all children first) w
 budget on the ~3L one-edit neighbours of the full path. Progressive widening keeps both depth and
 breadth within such budgets; widen=0 (one child per node) gives the released code's chain.
 
-Batching: one new route per iteration (batch of 1); run many questions' searches in lockstep with
-`run_searches` to batch across questions.
+Batching: ``batch`` new routes per round (default 1, the sequential search). With batch > 1 the round's
+selections use a virtual loss: a selected node's visit is counted at once, with reward 0 (a loss, rewards lying in
+[0, 1]), along its path to the root, so the next selection of the round sees it visited and unrewarded and goes
+elsewhere; when the round's rewards are told each one is added to its path's sums, so after the round the counts
+equal the sequential search's updates of the same routes. batch = 1 is the sequential search, draw for draw. Run
+many questions' searches in lockstep with `run_searches` to batch across questions too.
 """
 import math
 from typing import Iterator, Optional
@@ -41,13 +45,16 @@ class MCTS(Search):
     name = "mcts"
 
     def __init__(self, space: ActionSpace, K: int, seed: int, c: float = 1.8, length_penalty: float = 3.0,
-                 p_random: float = 0.1, widen: float = 0.5):
+                 p_random: float = 0.1, widen: float = 0.5, batch: int = 1):
         super().__init__(space, K, seed)
+        if batch < 1:
+            raise ValueError(f"batch={batch}: at least 1 route per round")
         if not 0.0 <= p_random <= 1.0:
             raise ValueError(f"p_random={p_random} out of range (0..1)")
         if not 0.0 <= widen <= 1.0:
             raise ValueError(f"widen={widen} out of range (0..1); 0 = one child per node, 1 = a child per visit")
         self.c, self.length_penalty, self.p_random, self.widen = c, length_penalty, p_random, widen
+        self.batch = batch
 
     def _node(self, path: LayerRoute, parent: Optional[_Node]) -> _Node:
         untried = self.space.neighbors(path)
@@ -71,23 +78,42 @@ class MCTS(Search):
         return node
 
     @staticmethod
-    def _backup(node: Optional[_Node], reward: float) -> None:
+    def _visit(node: Optional[_Node]) -> None:
+        """Count a visit of ``node`` and its ancestors, its reward not yet added (the virtual loss)."""
         while node is not None:
             node.visits += 1
+            node = node.parent
+
+    @staticmethod
+    def _reward(node: Optional[_Node], reward: float) -> None:
+        """Add ``reward`` to the sums of ``node`` and its ancestors, whose visit `_visit` counted."""
+        while node is not None:
             node.total += reward
             node = node.parent
 
+    def _leaf(self, root: _Node) -> _Node:
+        """Select from ``root``, expand one untried child where the selected node may widen, count its visit."""
+        node = self._select(root)
+        if self._expandable(node):
+            child = self._node(node.untried.pop(), node)
+            node.children.append(child)
+            node = child
+        self._visit(node)
+        return node
+
     def _propose(self) -> Iterator[list[LayerRoute]]:
         root = self._node(self.space.full_path, None)
+        self._visit(root)
         yield [root.path]
-        self._backup(root, self.reward[root.path])
+        self._reward(root, self.reward[root.path])
         while True:
-            node = self._select(root)
-            if self._expandable(node):
-                child = self._node(node.untried.pop(), node)
-                node.children.append(child)
-                node = child
-            yield [node.path]
-            if node.path not in self.reward:
+            leaves = [self._leaf(root) for _ in range(min(self.batch, self.remaining))]
+            yield [leaf.path for leaf in leaves]
+            cut = False
+            for leaf in leaves:
+                if leaf.path in self.reward:
+                    self._reward(leaf, self.reward[leaf.path])
+                else:  # cut by the budget: the search is over
+                    cut = True
+            if cut:
                 return
-            self._backup(node, self.reward[node.path])
