@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     cells = {name: (task, args.source, args.split) for name, task in cli.tasks(args).items()}
     cells |= {"logiqa": (get_task("logiqa"), args.logiqa_source, None)} if args.logiqa_source else {}
     check_formats(args.fmt, [task for task, _, _ in cells.values()])
-    questions = {t: cli.questions(task, source, split, args.n, args.seed) for t, (task, source, split) in cells.items()}
+    questions = {t: cli.questions(task, source, split, args.n, args.seed, args.skip) for t, (task, source, split) in cells.items()}
     rows, protocols = [], []
     for base_name in args.models:
         base = cli.load(args, base_name)
@@ -94,7 +94,7 @@ def screen_checkpoint(base, name: str, sparsity: float, cells, questions, args, 
                                source=source, split=split, seed=args.seed, fmt=fmt, probe="screen",
                                settings={"recognition": args.recognition, "sparsity": sparsity})
         protocols.append(protocol)
-        store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}-s{args.seed}", protocol)
+        store = RunStore(args.out / f"{checkpoint}-{t}-n{len(qs)}{cli.skip_tag(args)}-s{args.seed}", protocol)
         screened = loop.resume(store, "screen", qs, lambda part, task=task, fmt=fmt: localize.screen(
             model, task, part, fmt, args.recognition, batch_size=args.batch_size), desc=f"{checkpoint} {t} screen")
         short = ("base" if sparsity == 0 else f"mlp{sparsity:g}") if len(args.models) == 1 else (

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     if task.kind != "mc":
         raise UserError(f"--task {args.task}: {task.name!r} is not multiple choice: the failure criterion needs "
                         "recognition (option likelihoods)")
-    questions = cli.questions(task, args.source, args.split, args.n, args.seed)
+    questions = cli.questions(task, args.source, args.split, args.n, args.seed, args.skip)
     say(f"loading model {args.model or 'smollm2-135m-instruct (embedded)'}")
     model = cli.load(args)
     args.fmt = task.resolve_format(args.fmt, engine_for(model).tokenizer)  # auto: chat template, or plain text
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     protocol = Protocol.of(study="mlp_localize", facts=engine_for(model).describe(), task=task, questions=questions,
                            source=args.source, split=args.split, seed=args.seed, fmt=args.fmt, probe="screen",
                            settings={**settings, "layers": layers})
-    tag = f"{model.cfg.model_name}-{task.name}-n{len(questions)}-s{args.seed}"
+    tag = f"{model.cfg.model_name}-{task.name}-n{len(questions)}{cli.skip_tag(args)}-s{args.seed}"
     tag += "" if plant_layer is None else f"-planted{'-units' if plant == 'units' else ''}{plant_layer}"
     tag += "" if sae is None else f"-sae{settings['sae']['weights'][:8]}"
     tag += "" if not args.prune else f"-prune{args.prune:g}" + ("-created" if args.prune_created else "")

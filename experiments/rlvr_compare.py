@@ -143,14 +143,14 @@ def main(argv=None) -> int:
         train_missing=not args.no_train)
     audited, split, note = audit_questions(loaded, task.name, trained, args.salt, args.audit_share)
     SAY(f"auditing {note}")
-    if args.n is not None and args.n > len(audited):
-        raise UserError(f"--n {args.n} out of range: {len(audited)} questions are audited ({note}); use "
-                        f"--n <= {len(audited)} or --n all")
-    questions = subsample(audited, args.n, args.seed)
+    if (args.n or 0) + args.skip > len(audited) or (args.n is None and args.skip >= len(audited)):
+        raise UserError(f"--n {args.n}" + (f" after --skip {args.skip}" if args.skip else "") + f" out of range: "
+                        f"{len(audited)} questions are audited ({note}); use --skip + --n <= {len(audited)} or --n all")
+    questions = subsample(audited, None if args.n is None else args.skip + args.n, args.seed)[args.skip:]
     check_training_ids(questions, trained)
     settings = {"K": args.K, "samples": 2 * args.K, "split": None if split is None else split.to_dict(),
                 "control_fmt": args.control_fmt}
-    run_root = args.out / f"{task.name}-n{len(questions)}-K{args.K}-T{args.T:g}-s{args.seed}"
+    run_root = args.out / f"{task.name}-n{len(questions)}{cli.skip_tag(args)}-K{args.K}-T{args.T:g}-s{args.seed}"
     native, control, protocols = audit_checkpoints(args, loop, task, questions, settings, {BASE: None, **trained},
                                                    run_root)
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
                   t["reach_difference"], t["narrowing"])
     (summary / "summary.md").write_text(text)
     base_name = protocols[0].model
-    tag = f"{base_name}-{task.name}-n{len(questions)}-K{args.K}"
+    tag = f"{base_name}-{task.name}-n{len(questions)}{cli.skip_tag(args)}-K{args.K}"
     what = f"{base_name} on {task.name}"
     publish(args.figures, {
         summary / f"rlvr_fates_{tag}.png": plots.plot_rlvr_fates(t["fates"], title=f"Fates, {what}"),

@@ -115,7 +115,7 @@ def search_cell(model, label: str, task, qs, args, loop) -> tuple[Protocol, RunS
                                      "random_routes": args.random_routes,
                                      **({"mcts_batch": args.mcts_batch} if args.mcts_batch != 1 else {})})
     laws = "+".join(args.random_routes) + ("" if args.mcts_batch == 1 else f"-mcts{args.mcts_batch}")
-    store = RunStore(args.out / f"{protocol.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}-{laws}", protocol)
+    store = RunStore(args.out / f"{protocol.model}-{task.name}-n{len(qs)}{cli.skip_tag(args)}-K{args.K}-s{args.seed}-{laws}", protocol)
     searches = loop.resume(store, "searches", qs, lambda part: search_rows(
         model, task, part, fmt, args.spaces, args.methods, args.K, args.seed, args.random_routes, args.batch_size,
         args.mcts_batch),
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         floors = {t: audit.options_per_question(qs) for t, qs in questions.items()}  # None: free-form, no floor
         curves = tables["oracle_curves"]
         curves["guess"] = [stats.guessing_floor(floors[t], k) for t, k in zip(curves.task, curves.k)]
-        tag = f"{base.cfg.model_name}-n{args.n}-K{args.K}-{law}"  # two models' runs never share a figure
+        tag = f"{base.cfg.model_name}-n{args.n}{cli.skip_tag(args)}-K{args.K}-{law}"  # two models' runs never share a figure
         for name, df in tables.items():
             df.to_csv(out / f"{name}_{law}.csv", index=False)
         figures = {out / f"routing_oracle_{space}_{tag}.png": plots.plot_oracle_curves(tables["oracle_curves"], space)

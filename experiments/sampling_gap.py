@@ -63,7 +63,7 @@ def run_cell(model, task, questions, args, loop) -> tuple[dict, pd.DataFrame, li
                          source=args.source, split=args.split, seed=args.seed, fmt=fmt, probe="deploy")
     name = deploy.model
     sample = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in sorted({*args.temperatures, args.T})}
-    tag = f"{name}-{task.name}-n{len(questions)}-K{args.K}-s{args.seed}{engine_suffix([deploy])}"
+    tag = f"{name}-{task.name}-n{len(questions)}{cli.skip_tag(args)}-K{args.K}-s{args.seed}{engine_suffix([deploy])}"
     run = args.out / tag
     deployed = loop.deployed(model, task, questions, fmt, RunStore(run / "deployed", deploy),
                              desc=f"greedy deployment ({task.name})")
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     table.to_csv(out / "table2.csv", index=False)
     gaps.to_csv(out / "gap_curves.csv", index=False)
     # the models and engine in the name: a run of other models beside this one's figures must not overwrite them
-    tag = "+".join(dict.fromkeys(table["model"])) + f"-n{args.n}-K{args.K}-s{args.seed}{engine_suffix(protocols)}" \
+    tag = "+".join(dict.fromkeys(table["model"])) + f"-n{args.n}{cli.skip_tag(args)}-K{args.K}-s{args.seed}{engine_suffix(protocols)}" \
         f"-T{args.T:g}"
     publish(args.figures, {
         out / f"sampling_gap_table2_{tag}.png": plots.plot_gap_table(table),

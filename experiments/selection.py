@@ -74,7 +74,7 @@ def run_cell(model, label: str, task, qs, args, loop) -> tuple[list[Protocol], R
     routes = deploy.replace(probe="route", K=args.K, settings={"space": args.space, "search": "random",
                                                                "random_routes": args.random_routes})
     samples = {T: deploy.replace(probe="sample", K=args.K, temperature=T) for T in temperatures(args)}
-    root = args.out / f"{deploy.model}-{task.name}-n{len(qs)}-K{args.K}-s{args.seed}"  # a pruned copy's name says so
+    root = args.out / f"{deploy.model}-{task.name}-n{len(qs)}{cli.skip_tag(args)}-K{args.K}-s{args.seed}"  # a pruned copy's name says so
     bs, cell = args.batch_size, f"{label} {task.name}"
     deployed = loop.deployed(model, task, qs, fmt, RunStore(root / "deployed", deploy), desc=f"{cell} deployed")
     store = RunStore(root / f"routes-{args.space}-{args.random_routes}", routes)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     medians = analysis.recovery_summary(recovery[recovery.probe.isin(["routes", f"T{args.T:g}"])])
 
     name = protocols[0].model  # in run directories and figure names: two models' runs never share one
-    out, tag = summary_dir(args.out, protocols), f"{name}-n{args.n}-K{args.K}"
+    out, tag = summary_dir(args.out, protocols), f"{name}-n{args.n}{cli.skip_tag(args)}-K{args.K}"
     for file, df in (("recovery", recovery), ("recovery_medians", medians), ("temperature_gap", sweep)):
         df.to_csv(out / f"{file}.csv", index=False)
     figures = {out / f"selection_temperature_{m}_{t}_{tag}.png": plots.plot_temperature_gap(

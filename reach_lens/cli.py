@@ -194,7 +194,8 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
     """Question-set arguments (an argparse parent): ``--task`` (default ``task``) or ``--tasks`` (default ``tasks``),
     each a registered name, a file of one's own (``jsonl:PATH``, with ``--fields``, ``--grader``, ``--shots``) or an
     lm-evaluation-harness task (``lm-eval:NAME|YAML``, with ``--lm-eval-*``); ``--source``, ``--split``, ``--n``
-    (default ``n``; with ``n_all`` also ``all``: None, every question of the source), ``--fmt`` and ``--chunk``
+    (default ``n``; with ``n_all`` also ``all``: None, every question of the source), ``--skip`` (questions of the
+    hash order left out before them; `skip_tag` names it in run directories), ``--fmt`` and ``--chunk``
     (questions per stored chunk). ``question_sets`` makes the tasks and their questions."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("questions")
@@ -214,6 +215,9 @@ def data(n: int, chunk: int, task: str | None = None, tasks: Sequence[str] | Non
                         "the chat template for the others, plain text for a model without one), native (the chat "
                         "template), shared (plain zero-shot text), fewshot (fixed worked shots first; short-answer "
                         "tasks, gsm8k, a file task with --shots)")
+    g.add_argument("--skip", type=nonnegative_int, default=0,
+                   help="leave out the first SKIP questions of the seed's hash order and take the next --n: a set "
+                        "disjoint from an earlier run's (--n N --skip N follows one of --n N; default 0)")
     g.add_argument("--chunk", type=positive_int, default=chunk, help=f"questions per stored chunk (default {chunk})")
     own = p.add_argument_group("a task of your own: a file (jsonl:PATH, json:, csv:, parquet:)")
     own.add_argument("--fields", type=field_mapping, nargs="+", default=None, metavar="ROLE=FIELD",
@@ -410,7 +414,14 @@ def question_sets(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, l
     """(tasks by name, their ``--n`` questions by task name): ``tasks(args)``, then ``questions`` of each from
     ``--source``/``--split``; everything a user's input can get wrong is refused here, before any model loads."""
     built = tasks(args)
-    return built, {name: questions(task, args.source, args.split, args.n, args.seed) for name, task in built.items()}
+    return built, {name: questions(task, args.source, args.split, args.n, args.seed, args.skip)
+                   for name, task in built.items()}
+
+
+def skip_tag(args: argparse.Namespace) -> str:
+    """What a run directory's name adds for ``--skip``: ``""`` at 0 (every earlier run keeps its name), else
+    ``"-skip100"``."""
+    return f"-skip{args.skip}" if getattr(args, "skip", 0) else ""
 
 
 def load_source(task, source: str | None, split: str | None) -> list:
@@ -431,16 +442,20 @@ def _where(task, source: str | None, split: str | None) -> str:
     return f"{task.name} from {source if source is not None else 'its embedded data'}" + (f" ({split})" if split else "")
 
 
-def questions(task, source: str | None, split: str | None, n: int | None, seed: int) -> list:
-    """``n`` questions of ``task`` (``tasks.subsample``) from ``source``/``split``, loaded before any model: an
-    empty question set, or ``n`` beyond what the source holds, raises ``UserError`` naming the source."""
+def questions(task, source: str | None, split: str | None, n: int | None, seed: int, skip: int = 0) -> list:
+    """``n`` questions of ``task`` (``tasks.subsample``) from ``source``/``split`` after the first ``skip`` of the
+    hash order, loaded before any model: an empty question set, or ``skip + n`` beyond what the source holds,
+    raises ``UserError`` naming the source."""
     from reach_lens.tasks import subsample
 
     loaded = load_source(task, source, split)
-    if n is not None and n > len(loaded):
-        raise UserError(f"--n {n} out of range: {_where(task, source, split)} holds {len(loaded)} questions "
-                        f"(1..{len(loaded)})")
-    return subsample(loaded, n, seed)
+    if n is not None and skip + n > len(loaded):
+        raise UserError(f"--n {n}" + (f" after --skip {skip}" if skip else "") + f" out of range: "
+                        f"{_where(task, source, split)} holds {len(loaded)} questions (--skip + --n <= {len(loaded)})")
+    if n is None and skip >= len(loaded):
+        raise UserError(f"--skip {skip} leaves no question: {_where(task, source, split)} holds {len(loaded)}")
+    ranked = subsample(loaded, None if n is None else skip + n, seed)
+    return ranked[skip:]
 
 
 # ---- errors -------------------------------------------------------------------------------------------

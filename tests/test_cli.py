@@ -382,3 +382,23 @@ def test_dtype_auto_is_float32_for_the_transformer_lens_engine_on_the_cpu_and_bf
     assert cli.resolve_dtype("auto", "cpu", "vllm") == torch.bfloat16
     assert cli.resolve_dtype("auto", "cuda:0") == cli.resolve_dtype("auto", "cuda", "vllm") == torch.bfloat16
     assert cli.resolve_dtype("float32", "cpu", "vllm") == torch.float32
+
+
+def test_skip_takes_the_next_questions_of_the_hash_order_and_names_its_runs():
+    from reach_lens.tasks import get_task, subsample
+
+    task = get_task("arc_easy")
+    first = cli.questions(task, None, None, 20, 0)
+    following = cli.questions(task, None, None, 20, 0, skip=20)
+    assert not {q.id for q in first} & {q.id for q in following}  # disjoint from the run of --n 20
+    assert [q.id for q in first + following] == [q.id for q in subsample(task.load(), 40, 0)]
+    total = len(task.load())
+    assert len(cli.questions(task, None, None, None, 0, skip=total - 3)) == 3  # --n all after --skip
+    with pytest.raises(UserError, match=rf"--n 5 after --skip {total - 3} out of range"):
+        cli.questions(task, None, None, 5, 0, skip=total - 3)
+    with pytest.raises(UserError, match="leaves no question"):
+        cli.questions(task, None, None, None, 0, skip=total)
+    parser = argparse.ArgumentParser(parents=[cli.data(n=30, chunk=15, tasks=["squad"])])
+    assert cli.skip_tag(parser.parse_args([])) == "" and cli.skip_tag(parser.parse_args(["--skip", "100"])) == "-skip100"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--skip", "-1"])
