@@ -28,6 +28,10 @@ Greedy works report how many answers equal reach_lens float32's tokens before it
 ``min_new_tokens``, which nnsight's row needs for a fixed budget, masks EOS: the tokens after it differ by design). One prompt (one route) runs first as a
 warm-up. Peak memory is each process's resident-set high-water mark during the timed work.
 
+``--profile N`` runs the timed work under ``torch.profiler`` and prints, per method, the share of its operators'
+self CPU time by kind (matrix products, softmax, sampling, copies and casts, the rest) and
+the N largest operators (the profiler's overhead slows every method; read shares, not speeds, from such a run).
+
     python bench/bench_hooked.py [--works silence steer sweep routes] [--methods ...] [--n 20] [--threads 2]
 """
 
@@ -50,6 +54,15 @@ LAYER, ALPHA, ROUTES = 24, 8.0, 16
 METHODS = ("reach_lens", "tl-generate", "nnsight")
 WORKS = ("silence", "steer", "sweep", "routes")
 DTYPES = ("float32", "bfloat16")
+OPERATOR_KINDS = {  # a profiled operator's kind, by the first of these its name contains
+    "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                        "aten::einsum", "scaled_dot_product"),
+    "softmax (attention and the vocabulary's)": ("softmax",),
+    "sampling": ("aten::multinomial", "aten::topk", "aten::sort", "aten::argmax", "aten::exponential"),
+    "copies, casts, indexing": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::cat", "aten::index", "aten::clone",
+                                "aten::contiguous", "aten::stack", "aten::gather", "aten::scatter", "aten::fill_",
+                                "aten::zero_", "aten::where"),
+}
 
 
 def work_prompts(work: str, n: int, sweep_n: int, tokenizer) -> list[str]:
@@ -184,7 +197,23 @@ def nnsight_runner(dtype, work: str):
     return lm, tokenizer, (lambda text: tokenizer(text)["input_ids"]), run
 
 
-def worker(method: str, dtype_name: str, work: str, n: int, sweep_n: int, threads: int | None) -> dict:
+def operator_kind(name: str) -> str:
+    return next((kind for kind, parts in OPERATOR_KINDS.items() if any(p in name for p in parts)), "other")
+
+
+def profile_shares(profiler, top: int) -> dict:
+    """Self CPU time of a ``torch.profiler`` run: its share by `operator_kind` and the ``top`` operators' shares."""
+    events = [(e.key, e.self_cpu_time_total, e.count) for e in profiler.key_averages()]
+    total = sum(t for _, t, _ in events) or 1.0
+    kinds: dict[str, float] = {}
+    for name, t, _ in events:
+        kinds[operator_kind(name)] = kinds.get(operator_kind(name), 0.0) + t / total
+    largest = sorted(events, key=lambda e: -e[1])[:top]
+    return {"kinds": kinds, "top": [(name, t / total, count) for name, t, count in largest]}
+
+
+def worker(method: str, dtype_name: str, work: str, n: int, sweep_n: int, threads: int | None,
+           profile: int = 0) -> dict:
     import gc
 
     import torch
@@ -199,10 +228,15 @@ def worker(method: str, dtype_name: str, work: str, n: int, sweep_n: int, thread
     run(prompts[:1], routes[:1] if routes else None)  # warm-up
     gc.collect()
     reset = reset_peak_rss()
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
     start = time.perf_counter()
-    tokens = run(prompts, routes)
+    if profiler is None:
+        tokens = run(prompts, routes)
+    else:
+        with profiler:
+            tokens = run(prompts, routes)
     seconds = time.perf_counter() - start
-    return {"method": method, "dtype": dtype_name, "work": work, "prompts": len(prompts),
+    return {"profile": profile_shares(profiler, profile) if profiler else None, "method": method, "dtype": dtype_name, "work": work, "prompts": len(prompts),
             "prompt_tokens": sum(map(len, prompts)) / len(prompts), "tokens": sum(map(len, tokens)),
             "seconds": seconds, "peak_rss_mb": peak_rss_mb(), "peak_reset": reset, "threads": torch.get_num_threads(),
             "answers": tokens if work in ("sweep", "routes") else None, "eos": sorted(stop_ids(tokenizer))}
@@ -233,10 +267,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20, help="ARC-Easy and SQuAD prompts each (silence, steer)")
     parser.add_argument("--sweep-n", type=int, default=64, help="ARC-Easy prompts of the sweep")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the timed work: time shares by operator kind and the N largest operators")
     parser.add_argument("--worker", nargs=3, metavar=("METHOD", "DTYPE", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(RESULT + json.dumps(worker(*args.worker, args.n, args.sweep_n, args.threads)), flush=True)
+        print(RESULT + json.dumps(worker(*args.worker, args.n, args.sweep_n, args.threads, args.profile)), flush=True)
         return
     print(f"{EMBEDDED_NAME}, MLP {LAYER}: samples K={K} x {NEW_TOKENS} tokens at T={TEMPERATURE} on {args.n} + "
           f"{args.n} prompts; sweep {args.sweep_n} greedy x {GREEDY_TOKENS}; {ROUTES} routes x {GREEDY_TOKENS}")
@@ -247,7 +283,8 @@ def main() -> None:
                 if method == "nnsight" and work == "routes":
                     continue
                 command = [sys.executable, __file__, "--worker", method, dtype, work, "--n", str(args.n),
-                           "--sweep-n", str(args.sweep_n)] + (["--threads", str(args.threads)] if args.threads else [])
+                           "--sweep-n", str(args.sweep_n), "--profile", str(args.profile)] + (
+                           ["--threads", str(args.threads)] if args.threads else [])
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     sys.exit(f"{method} {dtype} on {work} failed:\n{done.stderr[-3000:]}")
@@ -262,7 +299,12 @@ def main() -> None:
         for (method, dtype), r in results.items():
             print(f"  {method:<12} {dtype:<9} {r['tokens']:>6} tokens in {r['seconds']:7.1f} s = "
                   f"{speed[method, dtype]:6.1f} tokens/s   peak RSS {r['peak_rss_mb']:6.0f} MB"
-                  + ("" if r["peak_reset"] else " (process lifetime)"))
+                  + ("" if r["peak_reset"] else " (process lifetime)") + (" (profiled)" if r["profile"] else ""))
+            if r["profile"]:
+                print("      self CPU time: " + ", ".join(f"{kind} {share:.0%}" for kind, share in
+                                                         sorted(r["profile"]["kinds"].items(), key=lambda kv: -kv[1])))
+                for name, share, count in r["profile"]["top"]:
+                    print(f"        {share:6.1%}  {name} ({count} calls)")
         for dtype in args.dtypes:
             for peer in ("tl-generate", "nnsight"):
                 if ("reach_lens", dtype) in speed and (peer, dtype) in speed:
