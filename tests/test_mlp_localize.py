@@ -247,7 +247,7 @@ def test_the_shared_data_arguments_take_n_all_and_name_what_they_refuse(tmp_path
         ("arc_easy", 300, "auto", "contribution", False)  # auto: the model's chat template, plain text without one
     seen = {}
 
-    def questions(task, source, split, n, seed):
+    def questions(task, source, split, n, seed, skip=0):
         seen["n"] = n
         raise SystemExit("questions loaded")
 
