@@ -251,6 +251,19 @@ def gains_under_resampling(fates_df: pd.DataFrame, hit_rate: Mapping[Any, float]
             "n": int(len(unrealized))}
 
 
+def _paired_curves(base_per_question, trained_per_question, ks) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Two checkpoints' per-question curves [n, len(ks)] as float arrays and ks as ints, checked: one shape,
+    n >= 1, ks increasing."""
+    b = np.asarray(base_per_question, dtype=np.float64)
+    t = np.asarray(trained_per_question, dtype=np.float64)
+    ks = [int(k) for k in ks]
+    if b.ndim != 2 or b.shape != t.shape or b.shape[1] != len(ks) or len(b) == 0:
+        raise ValueError(f"base {b.shape} and trained {t.shape} must be one [n >= 1, len(ks) = {len(ks)}] shape")
+    if any(a >= c for a, c in zip(ks, ks[1:])):
+        raise ValueError(f"ks {ks[:10]} must increase")
+    return b, t, ks
+
+
 def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, ks: Sequence[int],
               n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Where a base's reach@k curve meets a trained checkpoint's, from per-question curves [n questions, len(ks)]
@@ -265,13 +278,7 @@ def crossover(base_per_question: np.ndarray, trained_per_question: np.ndarray, k
     gap_last, gap_last_lo, gap_last_hi: the gap at the largest k with its interval (one resample for both), so a gap
     that narrows towards the budget reads as such even where it is smallest at k = 1.
     """
-    b = np.asarray(base_per_question, dtype=np.float64)
-    t = np.asarray(trained_per_question, dtype=np.float64)
-    ks = [int(k) for k in ks]
-    if b.ndim != 2 or b.shape != t.shape or b.shape[1] != len(ks) or len(b) == 0:
-        raise ValueError(f"base {b.shape} and trained {t.shape} must be one [n >= 1, len(ks) = {len(ks)}] shape")
-    if any(a >= c for a, c in zip(ks, ks[1:])):
-        raise ValueError(f"ks {ks[:10]} must increase")
+    b, t, ks = _paired_curves(base_per_question, trained_per_question, ks)
     diff = t - b  # [n, k]
     gap = diff.mean(axis=0)
     behind = np.flatnonzero(gap <= 1e-12)  # base >= trained, up to the rounding of two means of equal values
@@ -311,13 +318,7 @@ def reach_lead(base_per_question: np.ndarray, trained_per_question: np.ndarray, 
     narrows: the interval excludes 0 (lo > 1e-12), the lead at the peak is positive and the peak lies before the
     last k. Also n_boot, seed, level.
     """
-    b = np.asarray(base_per_question, dtype=np.float64)
-    t = np.asarray(trained_per_question, dtype=np.float64)
-    ks = [int(k) for k in ks]
-    if b.ndim != 2 or b.shape != t.shape or b.shape[1] != len(ks) or len(b) == 0:
-        raise ValueError(f"base {b.shape} and trained {t.shape} must be one [n >= 1, len(ks) = {len(ks)}] shape")
-    if any(a >= c for a, c in zip(ks, ks[1:])):
-        raise ValueError(f"ks {ks[:10]} must increase")
+    b, t, ks = _paired_curves(base_per_question, trained_per_question, ks)
     if n_boot < 1 or not 0 < level < 1:
         raise ValueError(f"n_boot={n_boot} must be >= 1 and level={level} in (0, 1)")
     per_question = b - t  # [n, k]
