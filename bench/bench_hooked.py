@@ -29,8 +29,9 @@ Greedy works report how many answers equal reach_lens float32's tokens before it
 warm-up. Peak memory is each process's resident-set high-water mark during the timed work.
 
 ``--profile N`` runs the timed work under ``torch.profiler`` and prints, per method, the share of its operators'
-self CPU time by kind (matrix products, softmax, sampling, copies and casts, the rest) and
-the N largest operators (the profiler's overhead slows every method; read shares, not speeds, from such a run).
+self CPU time by kind (matrix products, softmax, sampling, copies and casts, the rest; in brackets that share of
+the profiled wall time, in seconds, comparable across methods) and the N largest operators (the profiler's
+overhead slows every method, the Python-heavy ones most; read shares, not speeds, from such a run).
 
     python bench/bench_hooked.py [--works silence steer sweep routes] [--methods ...] [--n 20] [--threads 2]
 """
@@ -301,8 +302,9 @@ def main() -> None:
                   f"{speed[method, dtype]:6.1f} tokens/s   peak RSS {r['peak_rss_mb']:6.0f} MB"
                   + ("" if r["peak_reset"] else " (process lifetime)") + (" (profiled)" if r["profile"] else ""))
             if r["profile"]:
-                print("      self CPU time: " + ", ".join(f"{kind} {share:.0%}" for kind, share in
-                                                         sorted(r["profile"]["kinds"].items(), key=lambda kv: -kv[1])))
+                print("      self CPU time: " + ", ".join(f"{kind} {share:.0%} ({share * r['seconds']:.1f} s)"
+                                                         for kind, share in sorted(r["profile"]["kinds"].items(),
+                                                                                   key=lambda kv: -kv[1])))
                 for name, share, count in r["profile"]["top"]:
                     print(f"        {share:6.1%}  {name} ({count} calls)")
         for dtype in args.dtypes:
